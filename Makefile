@@ -1,0 +1,59 @@
+# The course site. `make html` builds it, `make test` checks it; both set up
+# their own virtual environment first. `make help` lists the rest.
+
+PYTHON      ?= python3
+VENV        ?= .venv
+BIN         := $(VENV)/bin
+BUILD       ?= _build
+SPHINXOPTS  ?=
+SPHINXBUILD  = $(BIN)/sphinx-build -c . -W --keep-going $(SPHINXOPTS)
+
+# Execute only the examples whose file names match, e.g. EXAMPLES=06_torch_compile.
+ifdef EXAMPLES
+export COURSE_EXAMPLES := $(EXAMPLES)
+endif
+
+.PHONY: help html preview serve test bench lint clean venv
+
+help:
+	@echo "make html      build the site into $(BUILD)/html, executing the examples"
+	@echo "make preview   build quickly without executing examples (no outputs, no figures)"
+	@echo "make serve     build, serve on http://127.0.0.1:8000 and rebuild on change"
+	@echo "make test      run the whole test suite (builds the site in a temporary folder)"
+	@echo "make bench     time a clean build and a no-op rebuild"
+	@echo "make lint      ruff"
+	@echo "make clean     remove the build and the gallery's generated pages"
+	@echo "EXAMPLES=regex limits which examples execute, e.g. make html EXAMPLES=06_torch_compile"
+
+$(BIN)/.installed: requirements.txt requirements-test.txt
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements-test.txt
+	touch $@
+
+venv: $(BIN)/.installed
+
+html: venv
+	$(SPHINXBUILD) -b html -d $(BUILD)/doctrees source $(BUILD)/html
+	@echo "The site is in $(BUILD)/html/index.html"
+
+preview: venv
+	$(SPHINXBUILD) -b html -D plot_gallery=0 -d $(BUILD)/doctrees-preview source $(BUILD)/preview
+	@echo "Preview (no example outputs) in $(BUILD)/preview/index.html"
+
+serve: venv
+	$(BIN)/python -m pip install --quiet sphinx-autobuild==2025.8.25
+	$(BIN)/sphinx-autobuild -c . --port 8000 --watch examples --watch sphinxext \
+		--ignore "*/auto_examples/*" -d $(BUILD)/doctrees source $(BUILD)/html
+
+test: venv
+	$(BIN)/python -m pytest tests
+
+bench: venv
+	PYTHONPATH=. $(BIN)/python benchmarks/build_times.py
+
+lint: venv
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(BUILD) source/auto_examples source/sg_execution_times.rst

@@ -1,0 +1,73 @@
+"""Sphinx configuration for the course site.
+
+Read top to bottom: what the site is, which extensions build it, how the
+example gallery runs, and how it looks. Behaviour lives in ``sphinxext/``.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent.resolve()
+sys.path.insert(0, str(HERE / "sphinxext"))  # our extensions, and the example runner
+
+
+# -- The course -------------------------------------------------------------
+project = "GPU Programming for LLMs"
+author = "The course authors"
+copyright = "2026, the course authors"
+language = "en"
+root_doc = "index"
+
+# -- Extensions ---------------------------------------------------------------
+extensions = [
+    "myst_parser",
+    "sphinx_design",
+    "sphinx_gallery.gen_gallery",
+    "provenance",
+]
+myst_enable_extensions = ["colon_fence", "dollarmath", "amsmath", "deflist", "attrs_inline"]
+myst_heading_anchors = 3
+exclude_patterns = ["_build", "**/provenance", "**/artifacts", "**.ipynb", "**.md5"]
+suppress_warnings = []
+
+# -- The example gallery ----------------------------------------------------------
+# One gallery folder per lecture. Every example is executed, in file-number
+# order, unless COURSE_EXAMPLES narrows the run to the matching file names
+# (a regular expression), e.g. COURSE_EXAMPLES=06_torch_compile.
+LECTURES = ["lecture05_gpus", "lecture06_kernels_triton"]
+EXAMPLES_TO_RUN = os.environ.get("COURSE_EXAMPLES", r"\d\d_\w+")
+
+sphinx_gallery_conf = {
+    "examples_dirs": [f"../examples/{lecture}" for lecture in LECTURES],
+    "gallery_dirs": [f"auto_examples/{lecture}" for lecture in LECTURES],
+    "filename_pattern": rf"/({EXAMPLES_TO_RUN})\.py$",
+    "ignore_pattern": r"__init__\.py",
+    "within_subsection_order": "FileNameSortKey",
+    "reset_modules": ("example_runner.around_each_example", "matplotlib"),
+    "reset_modules_order": "both",
+    "backreferences_dir": "auto_examples/backreferences",
+    "download_all_examples": True,
+    "remove_config_comments": True,
+    "show_memory": False,
+    "only_warn_on_example_error": False,
+    "abort_on_example_error": False,
+    "capture_repr": (),
+    "matplotlib_animations": False,
+    "image_srcset": [],
+    "default_thumb_file": None,
+}
+
+# -- Look ------------------------------------------------------------------------
+html_theme = "pydata_sphinx_theme"
+html_title = "GPU Programming for LLMs"
+html_static_path = ["_static"]
+html_css_files = ["course.css"]
+html_theme_options = {
+    "navbar_align": "left",
+    "show_toc_level": 2,
+    "secondary_sidebar_items": ["page-toc", "sourcelink"],
+    "footer_start": ["copyright"],
+    "footer_end": ["sphinx-version"],
+}
+html_show_sourcelink = False

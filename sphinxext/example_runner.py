@@ -1,0 +1,100 @@
+"""What happens around each example that the gallery executes.
+
+sphinx-gallery calls :func:`around_each_example` before and after every example
+(``reset_modules_order = "both"``). Before: arm a time limit and point the
+example at its artefact folder. After: disarm it, free memory for the next
+example, and record the provenance of the outputs that were just produced.
+"""
+
+import gc
+import json
+import os
+import signal
+from pathlib import Path
+
+from provenance import collect_provenance, provenance_path
+
+DEFAULT_TIMEOUT_S = 600
+
+
+class ExampleTimeout(TimeoutError):
+    """Raised inside an example that runs past the per-example limit."""
+
+
+def around_each_example(gallery_conf, fname, when):
+    if fname is None:  # called once per gallery folder, not per example
+        return
+    src_file = Path(gallery_conf["src_dir"], _example_dir(gallery_conf, fname), fname)
+    gallery_dir = _gallery_dir(gallery_conf, fname)
+    if when == "before":
+        _prepare(src_file, gallery_dir)
+    else:
+        signal.alarm(0)
+        _free_memory()
+        _record_provenance(src_file, gallery_dir)
+
+
+def timeout_seconds():
+    return int(os.environ.get("COURSE_EXAMPLE_TIMEOUT", DEFAULT_TIMEOUT_S))
+
+
+def artifact_dir(gallery_dir, stem):
+    return Path(gallery_dir, "artifacts", stem)
+
+
+def _prepare(src_file, gallery_dir):
+    _use_triton_interpreter_without_cuda()
+    artifacts = artifact_dir(gallery_dir, src_file.stem)
+    artifacts.mkdir(parents=True, exist_ok=True)
+    os.environ["COURSE_ARTIFACT_DIR"] = str(artifacts)
+    limit = timeout_seconds()
+
+    def stop_hung_example(signum, frame):
+        raise ExampleTimeout(
+            f"{src_file.name} ran longer than the per-example limit of {limit} s "
+            "(COURSE_EXAMPLE_TIMEOUT); it was stopped."
+        )
+
+    signal.signal(signal.SIGALRM, stop_hung_example)
+    signal.alarm(limit)
+
+
+def _use_triton_interpreter_without_cuda():
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def _free_memory():
+    import torch
+
+    torch._dynamo.reset()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _record_provenance(src_file, gallery_dir):
+    record = collect_provenance(src_file)
+    path = provenance_path(gallery_dir, src_file.stem)
+    path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
+def _gallery_pair(gallery_conf, fname):
+    """The (examples dir, gallery dir) pair that holds the example ``fname``."""
+    pairs = zip(gallery_conf["examples_dirs"], gallery_conf["gallery_dirs"])
+    for examples_dir, gallery_dir in pairs:
+        if Path(gallery_conf["src_dir"], examples_dir, fname).is_file():
+            return examples_dir, gallery_dir
+    raise FileNotFoundError(f"{fname} is in none of {gallery_conf['examples_dirs']}")
+
+
+def _example_dir(gallery_conf, fname):
+    return _gallery_pair(gallery_conf, fname)[0]
+
+
+def _gallery_dir(gallery_conf, fname):
+    return Path(gallery_conf["src_dir"], _gallery_pair(gallery_conf, fname)[1])

@@ -1,0 +1,135 @@
+"""Provenance: which machine and software produced an example's outputs.
+
+The record is written when the example *executes* (see ``example_runner``), as
+``<gallery dir>/provenance/<stem>.json``. When Sphinx reads the generated page,
+the record is rendered as a note under the title, so a page rebuilt from
+sphinx-gallery's cache still names the machine that really ran it.
+"""
+
+import datetime
+import importlib.metadata
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+GALLERY_ROOT = "auto_examples"
+
+
+def provenance_path(gallery_dir, stem):
+    folder = Path(gallery_dir, "provenance")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{stem}.json"
+
+
+def collect_provenance(src_file):
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return {
+        "device": torch.cuda.get_device_name() if cuda else f"CPU: {cpu_model()}",
+        "device_type": "cuda" if cuda else "cpu",
+        "cpu_count": _cpu_count(),
+        "torch": torch.__version__,
+        "triton": _version_of("triton"),
+        "cuda": torch.version.cuda or "none",
+        "python": platform.python_version(),
+        "platform": platform.platform(terse=True),
+        "executed_at": datetime.datetime.now(datetime.timezone.utc).strftime(
+            "%Y-%m-%d %H:%M UTC"
+        ),
+        "git_commit": git_commit(src_file),
+    }
+
+
+def cpu_model():
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _cpu_count():
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def _version_of(package):
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def git_commit(src_file):
+    """Short commit of the checkout, marked ``+modified`` if the example differs from it."""
+
+    def git(*args):
+        return subprocess.run(
+            ["git", *args], cwd=Path(src_file).parent, capture_output=True, text=True,
+            check=True,
+        ).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "--short", "HEAD")
+        modified = git("status", "--porcelain", "--", str(src_file))
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    return f"{commit}+modified" if modified else commit
+
+
+def render_note(record):
+    """The reStructuredText note shown on the example's page."""
+    versions = f"torch {record['torch']}, triton {record['triton']}, CUDA {record['cuda']}"
+    return "\n".join(
+        [
+            ".. admonition:: Where these outputs come from",
+            "   :class: provenance",
+            "",
+            f"   Executed on **{record['device']}** ({record['cpu_count']} CPU cores"
+            f" available) with {versions}, Python {record['python']},"
+            f" on {record['executed_at']} at commit ``{record['git_commit']}``.",
+            "",
+        ]
+    )
+
+
+def insert_provenance(app, docname, source):
+    """``source-read`` handler: put the provenance note under an example's title."""
+    parts = docname.split("/")
+    if len(parts) != 3 or parts[0] != GALLERY_ROOT or parts[2] == "index":
+        return
+    record_file = Path(app.srcdir, *parts[:2], "provenance", f"{parts[2]}.json")
+    if not record_file.is_file():
+        return  # not executed in this build (preview build): no claim to make
+    note = render_note(json.loads(record_file.read_text(encoding="utf-8")))
+    source[0] = _after_title(source[0], note + _artifact_links(app, parts))
+
+
+def _artifact_links(app, parts):
+    folder = Path(app.srcdir, *parts[:2], "artifacts", parts[2])
+    files = sorted(p for p in folder.glob("*") if p.is_file()) if folder.is_dir() else []
+    if not files:
+        return ""
+    links = [f"* :download:`{p.name} <artifacts/{parts[2]}/{p.name}>`" for p in files]
+    return "\n".join(["**Files this example wrote:**", "", *links, "", ""])
+
+
+def _after_title(rst, block):
+    """Insert ``block`` after the first section title (a line underlined with ``=``)."""
+    lines = rst.splitlines(keepends=True)
+    for i in range(1, len(lines)):
+        underline = lines[i].strip()
+        if underline and set(underline) == {"="} and lines[i - 1].strip():
+            return "".join(lines[: i + 1]) + "\n" + block + "\n" + "".join(lines[i + 1 :])
+    return rst + "\n" + block
+
+
+def setup(app):
+    app.connect("source-read", insert_provenance)
+    return {"parallel_read_safe": True, "version": "1"}

@@ -1,0 +1,60 @@
+"""Build the site in a throwaway copy of the checkout, as the tests and benchmarks need.
+
+``make html`` is what runs, with this virtual environment, so the tests check
+the command a reader types.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted(REPO.glob("examples/lecture*/[0-9][0-9]_*.py"))
+
+
+@dataclass
+class BuildResult:
+    returncode: int
+    log: str
+    seconds: float
+
+    @property
+    def examples_executed(self):
+        """How many examples sphinx-gallery executed in this build, over all galleries."""
+        counts = re.findall(r"successfully executed (\d+) out of", self.log)
+        failed = re.findall(r"Unexpected failing examples \((\d+)\)", self.log)
+        return sum(map(int, counts)) + sum(map(int, failed))
+
+
+def copy_checkout(destination):
+    """Copy the files git knows about (tracked or not ignored) into ``destination``."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=REPO, capture_output=True, check=True, text=True,
+    ).stdout.split("\0")
+    for name in filter(None, listed):
+        source = REPO / name
+        if source.is_file():
+            target = Path(destination, name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    return Path(destination)
+
+
+def make(checkout, target="html", env=None, **variables):
+    """Run ``make target`` in ``checkout`` with this interpreter's virtual environment.
+
+    ``env`` adds environment variables; ``variables`` are passed to make.
+    """
+    args = [f"VENV={sys.prefix}", *(f"{k}={v}" for k, v in variables.items())]
+    start = time.perf_counter()
+    done = subprocess.run(
+        ["make", "-C", str(checkout), target, *args],
+        capture_output=True, text=True, env={**os.environ, **(env or {})},
+    )
+    return BuildResult(done.returncode, done.stdout + done.stderr, time.perf_counter() - start)
