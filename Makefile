@@ -13,15 +13,18 @@ ifdef EXAMPLES
 export COURSE_EXAMPLES := $(EXAMPLES)
 endif
 
-.PHONY: help html preview serve test bench lint clean venv
+EDITIONS    := en zh_CN
+
+.PHONY: help html preview serve test bench lint clean venv translations
 
 help:
-	@echo "make html      build the site into $(BUILD)/html, executing the examples"
+	@echo "make html      build both editions into $(BUILD)/html/{en,zh_CN}, executing the examples once"
 	@echo "make preview   build quickly without executing examples (no outputs, no figures)"
 	@echo "make serve     build, serve on http://127.0.0.1:8000 and rebuild on change"
 	@echo "make test      run the whole test suite (builds the site in a temporary folder)"
 	@echo "make bench     time a clean build and a no-op rebuild"
 	@echo "make lint      ruff"
+	@echo "make translations  extract messages and update the catalogs in locale/zh_CN"
 	@echo "make clean     remove the build and the gallery's generated pages"
 	@echo "EXAMPLES=regex limits which examples execute, e.g. make html EXAMPLES=06_torch_compile"
 
@@ -33,18 +36,25 @@ $(BIN)/.installed: requirements.txt requirements-test.txt
 
 venv: $(BIN)/.installed
 
+# English first: it executes the examples. The Chinese edition reuses their
+# outputs (sphinx-gallery finds them current) and executes nothing.
 html: venv
-	$(SPHINXBUILD) -b html -d $(BUILD)/doctrees source $(BUILD)/html
+	@for lang in $(EDITIONS); do \
+	  echo "== $$lang edition"; \
+	  $(SPHINXBUILD) -b html -D language=$$lang -d $(BUILD)/doctrees/$$lang \
+	    source $(BUILD)/html/$$lang || exit 1; \
+	done
+	cp site-root/* $(BUILD)/html/
 	@echo "The site is in $(BUILD)/html/index.html"
 
 preview: venv
-	$(SPHINXBUILD) -b html -D plot_gallery=0 -d $(BUILD)/doctrees-preview source $(BUILD)/preview
+	$(SPHINXBUILD) -b html -D plot_gallery=0 -d $(BUILD)/doctrees/preview source $(BUILD)/preview
 	@echo "Preview (no example outputs) in $(BUILD)/preview/index.html"
 
 serve: venv
 	$(BIN)/python -m pip install --quiet sphinx-autobuild==2025.8.25
 	$(BIN)/sphinx-autobuild -c . --port 8000 --watch examples --watch sphinxext \
-		--ignore "*/auto_examples/*" -d $(BUILD)/doctrees source $(BUILD)/html
+		--ignore "*/auto_examples/*" -d $(BUILD)/doctrees/en source $(BUILD)/html/en
 
 test: venv
 	$(BIN)/python -m pytest tests
@@ -54,6 +64,12 @@ bench: venv
 
 lint: venv
 	$(BIN)/ruff check .
+
+# Messages from the pages and the examples' text blocks into locale/zh_CN/*.po.
+translations: venv
+	$(SPHINXBUILD) -b gettext -D plot_gallery=0 -d $(BUILD)/doctrees/gettext source $(BUILD)/gettext
+	$(BIN)/sphinx-intl update -p $(BUILD)/gettext -l zh_CN -d locale --line-width=-1
+	-$(BIN)/python tools/catalog_stats.py
 
 clean:
 	rm -rf $(BUILD) source/auto_examples source/sg_execution_times.rst

@@ -16,8 +16,16 @@ sys.path.insert(0, str(HERE / "sphinxext"))  # our extensions, and the example r
 project = "GPU Programming for LLMs"
 author = "The course authors"
 copyright = "2026, the course authors"
-language = "en"
 root_doc = "index"
+
+# -- Editions -----------------------------------------------------------------
+# English is the source; the Chinese edition is built from the catalogs in
+# locale/ with ``-D language=zh_CN`` (see docs/translating.md).
+language = "en"
+locale_dirs = ["../locale"]
+gettext_compact = False
+gettext_location = False
+gettext_uuid = False
 
 # -- Extensions ---------------------------------------------------------------
 extensions = [
@@ -25,6 +33,8 @@ extensions = [
     "sphinx_design",
     "sphinx_gallery.gen_gallery",
     "provenance",
+    "editions",
+    "chinese_search",
 ]
 myst_enable_extensions = ["colon_fence", "dollarmath", "amsmath", "deflist", "attrs_inline"]
 myst_heading_anchors = 3
@@ -56,16 +66,19 @@ sphinx_gallery_conf = {
     "matplotlib_animations": False,
     "image_srcset": [],
     "default_thumb_file": None,
+    "write_computation_times": False,
 }
 
 # -- Look ------------------------------------------------------------------------
 html_theme = "pydata_sphinx_theme"
 html_title = "GPU Programming for LLMs"
 html_static_path = ["_static"]
+templates_path = ["_templates"]
 html_css_files = ["course.css"]
 html_theme_options = {
     "navbar_align": "left",
     "show_toc_level": 2,
+    "navbar_end": ["language-switcher", "theme-switcher"],
     "secondary_sidebar_items": ["page-toc", "sourcelink"],
     "footer_start": ["copyright"],
     "footer_end": ["sphinx-version"],

@@ -7,11 +7,12 @@ sphinx-gallery's cache still names the machine that really ran it.
 """
 
 import datetime
+import html
 import importlib.metadata
 import json
+import os
 import platform
 import subprocess
-import sys
 from pathlib import Path
 
 GALLERY_ROOT = "auto_examples"
@@ -54,8 +55,6 @@ def cpu_model():
 
 
 def _cpu_count():
-    import os
-
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
@@ -83,17 +82,38 @@ def git_commit(src_file):
     return f"{commit}+modified" if modified else commit
 
 
-def render_note(record):
-    """The reStructuredText note shown on the example's page."""
-    versions = f"torch {record['torch']}, triton {record['triton']}, CUDA {record['cuda']}"
+NOTE_TEXT = {
+    "en": {
+        "title": "Where these outputs come from",
+        "body": "Executed on <strong>{device}</strong> ({cpu_count} CPU cores available) with"
+        " torch {torch}, triton {triton}, CUDA {cuda}, Python {python},"
+        " on {executed_at} at commit <code>{git_commit}</code>.",
+    },
+    "zh_CN": {
+        "title": "这些输出来自哪台机器",
+        "body": "运行于 <strong>{device}</strong>（可用 CPU 核心 {cpu_count} 个），"
+        "torch {torch}，triton {triton}，CUDA {cuda}，Python {python}；"
+        "运行时间 {executed_at}，提交 <code>{git_commit}</code>。",
+    },
+}
+
+
+def render_note(record, language="en"):
+    """The note shown on the example's page, as raw HTML.
+
+    Raw, because the record changes with every execution: as a translatable
+    paragraph it would churn the translation catalogs. It is translated here.
+    """
+    text = NOTE_TEXT.get(language, NOTE_TEXT["en"])
+    body = text["body"].format(**{k: html.escape(str(v)) for k, v in record.items()})
     return "\n".join(
         [
-            ".. admonition:: Where these outputs come from",
-            "   :class: provenance",
+            ".. raw:: html",
             "",
-            f"   Executed on **{record['device']}** ({record['cpu_count']} CPU cores"
-            f" available) with {versions}, Python {record['python']},"
-            f" on {record['executed_at']} at commit ``{record['git_commit']}``.",
+            '   <div class="admonition provenance">',
+            f'   <p class="admonition-title">{text["title"]}</p>',
+            f"   <p>{body}</p>",
+            "   </div>",
             "",
         ]
     )
@@ -107,7 +127,8 @@ def insert_provenance(app, docname, source):
     record_file = Path(app.srcdir, *parts[:2], "provenance", f"{parts[2]}.json")
     if not record_file.is_file():
         return  # not executed in this build (preview build): no claim to make
-    note = render_note(json.loads(record_file.read_text(encoding="utf-8")))
+    record = json.loads(record_file.read_text(encoding="utf-8"))
+    note = render_note(record, app.config.language)
     source[0] = _after_title(source[0], note + _artifact_links(app, parts))
 
 

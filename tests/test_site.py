@@ -9,7 +9,7 @@ from bs4 import BeautifulSoup
 
 from tools.site_build import EXAMPLES
 
-HTML = Path("_build", "html")
+HTML = Path("_build", "html", "en")
 
 
 def page_of(example):
