@@ -15,7 +15,7 @@ endif
 
 EDITIONS    := en zh_CN
 
-.PHONY: help html preview serve test bench lint clean venv translations
+.PHONY: help html preview serve test bench lint clean venv translations gpu-check browser-deps
 
 help:
 	@echo "make html      build both editions into $(BUILD)/html/{en,zh_CN}, executing the examples once"
@@ -23,6 +23,7 @@ help:
 	@echo "make serve     build, serve on http://127.0.0.1:8000 and rebuild on change"
 	@echo "make test      run the whole test suite (builds the site in a temporary folder)"
 	@echo "make bench     time a clean build and a no-op rebuild"
+	@echo "make gpu-check run every example at full size, one process each; report in $(BUILD)/gpu-check"
 	@echo "make lint      ruff"
 	@echo "make translations  extract messages and update the catalogs in locale/zh_CN"
 	@echo "make clean     remove the build and the gallery's generated pages"
@@ -45,6 +46,7 @@ html: venv
 	    source $(BUILD)/html/$$lang || exit 1; \
 	done
 	cp site-root/* $(BUILD)/html/
+	cp $(BUILD)/html/en/404.html $(BUILD)/html/404.html
 	@echo "The site is in $(BUILD)/html/index.html"
 
 preview: venv
@@ -56,14 +58,31 @@ serve: venv
 	$(BIN)/sphinx-autobuild -c . --port 8000 --watch examples --watch sphinxext \
 		--ignore "*/auto_examples/*" -d $(BUILD)/doctrees/en source $(BUILD)/html/en
 
-test: venv
+test: venv browser-deps
 	$(BIN)/python -m pytest tests
+
+# The browser tests drive Debian's Chromium (Playwright cannot download its own
+# browser here) and check accessibility with axe-core from npm.
+AXE_VERSION := 4.11.0
+browser-deps:
+	@command -v chromium >/dev/null || { apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium fonts-noto-cjk; } \
+	  || echo "Could not install chromium: the browser tests will be skipped."
+	@test -f .cache/node_modules/axe-core/axe.min.js || \
+	  npm install --silent --no-save --no-audit --no-fund --prefix .cache axe-core@$(AXE_VERSION) \
+	  || echo "Could not install axe-core: the accessibility tests will be skipped."
 
 bench: venv
 	PYTHONPATH=. $(BIN)/python benchmarks/build_times.py
 
 lint: venv
 	$(BIN)/ruff check .
+
+# Needs only torch (and triton, numpy, matplotlib): on the GPU build machine,
+# which has no network, run it with that machine's Python: make gpu-check CHECK_PYTHON=python3
+CHECK_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+gpu-check:
+	$(CHECK_PYTHON) tools/gpu_check.py --out $(BUILD)/gpu-check
 
 # Messages from the pages and the examples' text blocks into locale/zh_CN/*.po.
 translations: venv

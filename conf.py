@@ -35,6 +35,10 @@ extensions = [
     "provenance",
     "editions",
     "chinese_search",
+    "sphinx_copybutton",
+    "sphinxext.opengraph",
+    "sphinx_sitemap",
+    "notfound.extension",
 ]
 myst_enable_extensions = ["colon_fence", "dollarmath", "amsmath", "deflist", "attrs_inline"]
 myst_heading_anchors = 3
@@ -69,6 +73,23 @@ sphinx_gallery_conf = {
     "write_computation_times": False,
 }
 
+# -- Publishing ------------------------------------------------------------------
+# Where the site is hosted, for absolute URLs (sitemap, OpenGraph, 404 page;
+# the 404 page's prefix is set per edition in sphinxext/editions.py).
+# The publishing workflow sets COURSE_BASE_URL; local builds serve from loopback.
+html_baseurl = os.environ.get("COURSE_BASE_URL", "http://127.0.0.1:8000/")
+sitemap_url_scheme = "{lang}{link}"
+sitemap_locales = [None]
+ogp_site_url = html_baseurl
+ogp_site_name = "GPU Programming for LLMs"
+ogp_enable_meta_description = True
+ogp_social_cards = {"enable": False}
+ogp_image = "_static/favicon.svg"
+html_favicon = "_static/favicon.svg"
+# MathJax is served from the site itself: nothing is fetched from a CDN.
+mathjax_path = "vendor/mathjax/tex-chtml-full.js"
+copybutton_exclude = ".linenos, .gp, .go"
+
 # -- Look ------------------------------------------------------------------------
 html_theme = "pydata_sphinx_theme"
 html_title = "GPU Programming for LLMs"
@@ -84,3 +105,4 @@ html_theme_options = {
     "footer_end": ["sphinx-version"],
 }
 html_show_sourcelink = False
+html_context = {"default_mode": "auto"}  # follow the reader's light or dark preference

@@ -18,7 +18,7 @@ from sphinx.search.zh import SearchChinese
 def _english_stemmer_js():
     base = (_MINIFIED_JS_PATH / "base-stemmer.js").read_text(encoding="utf-8")
     english = (_MINIFIED_JS_PATH / "english-stemmer.js").read_text(encoding="utf-8")
-    return "\n".join([base, english, "window.Stemmer = EnglishStemmer;"])
+    return f"{base}\n{english}\nwindow.Stemmer = EnglishStemmer;"
 
 
 class SearchChineseWithEnglishStemmer(SearchChinese):

@@ -37,7 +37,7 @@ def collect_provenance(src_file):
         "cuda": torch.version.cuda or "none",
         "python": platform.python_version(),
         "platform": platform.platform(terse=True),
-        "executed_at": datetime.datetime.now(datetime.timezone.utc).strftime(
+        "executed_at": datetime.datetime.now(datetime.UTC).strftime(
             "%Y-%m-%d %H:%M UTC"
         ),
         "git_commit": git_commit(src_file),

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 from bs4 import BeautifulSoup
+from conftest import SITE_ENV
 
-from tools.site_build import EXAMPLES
+from tools.site_build import EXAMPLES, make
 
 HTML = Path("_build", "html", "en")
 
@@ -72,26 +73,27 @@ def test_gallery_index(site, lecture):
 
 
 def test_noop_rebuild_executes_nothing(site):
-    from tools.site_build import make
-
     checkout, _ = site
-    again = make(checkout, "html")
+    again = make(checkout, "html", env=SITE_ENV)
     assert again.returncode == 0, again.log[-3000:]
     assert again.examples_executed == 0
 
 
 def test_changing_one_example_reexecutes_only_it(site):
-    from tools.site_build import make
-
+    """A stand-in example is added, then edited: each build executes it alone."""
     checkout, _ = site
     tiny = checkout / "examples" / "lecture05_gpus" / "97_tiny.py"
     tiny.write_text('"""\nTiny\n====\n\nA stand-in example.\n"""\n\nprint(1 + 1)\n')
-    added = make(checkout, "html")
+    added = make(checkout, "html", env=SITE_ENV)
     assert added.returncode == 0, added.log[-3000:]
     assert added.examples_executed == 1
 
     tiny.write_text(tiny.read_text() + "print(2 + 2)\n")
-    changed = make(checkout, "html")
+    changed = make(checkout, "html", env=SITE_ENV)
     assert changed.returncode == 0, changed.log[-3000:]
     assert changed.examples_executed == 1
     assert "4" in (checkout / HTML / "auto_examples/lecture05_gpus/97_tiny.html").read_text()
+
+    tiny.unlink()  # leave the shared site as it was for later tests
+    for generated in (checkout / "source/auto_examples/lecture05_gpus").glob("97_tiny*"):
+        generated.unlink()

@@ -55,6 +55,6 @@ def make(checkout, target="html", env=None, **variables):
     start = time.perf_counter()
     done = subprocess.run(
         ["make", "-C", str(checkout), target, *args],
-        capture_output=True, text=True, env={**os.environ, **(env or {})},
+        capture_output=True, text=True, env={**os.environ, **(env or {})}, check=False,
     )
     return BuildResult(done.returncode, done.stdout + done.stderr, time.perf_counter() - start)

@@ -1,0 +1,341 @@
+"""
+The roofline: how fast can an operation possibly run?
+=====================================================
+
+An operation is limited either by how fast the machine moves bytes or by how
+fast it does arithmetic; which one depends on its arithmetic intensity, the
+FLOPs it does per byte it moves. This example measures both ceilings of this
+machine, draws its roofline next to the spec-sheet rooflines of three NVIDIA
+GPUs, and places real operations (ReLU, GeLU, softmax, matmuls) on it, so
+that you can read off whether an operation is memory- or compute-bound.
+
+**Requirements.** Full version: a CUDA GPU (bf16 needs compute capability 8.0
+or newer). On a CPU the same measurements run in float32 at small sizes; the
+CPU's roofline sits orders of magnitude below the GPUs'.
+"""
+
+# %%
+# Setup
+# -----
+# One device, sizes that fit it, a fixed seed. Memory-bound operations get
+# tensors several times larger than the last-level cache, so that their
+# bytes really come from DRAM (or HBM) and not from a cache.
+
+import math
+import os
+import platform
+
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+from torch.utils import benchmark
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+torch.manual_seed(0)
+
+
+def cpu_model_name():
+    """The CPU's marketing name from /proc/cpuinfo (Linux), else from platform."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+if DEVICE == "cuda":
+    props = torch.cuda.get_device_properties(0)
+    DEVICE_NAME = props.name
+    if props.major >= 8:
+        DTYPE = torch.bfloat16
+    else:
+        DTYPE = torch.float16
+        print("This GPU has no bf16 tensor cores (needs compute capability 8.0): float16 instead.")
+    print(f"GPU                 : {props.name}")
+    print(f"compute capability  : {props.major}.{props.minor}")
+    print(f"SMs                 : {props.multi_processor_count}")
+    print(f"memory              : {props.total_memory / 2**30:.1f} GiB")
+    STREAM_ELEMENTS = 1 << 28  # 512 MiB in bf16, far beyond the L2 cache
+    SOFTMAX_ROW = 4096
+    MATMUL_SHAPES = [(16, 8192, 8192), (256, 256, 256), (1024, 1024, 1024),
+                     (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192)]
+    MIN_RUN_TIME = 0.2
+else:
+    DEVICE_NAME = f"{cpu_model_name()} CPU, {torch.get_num_threads()} threads"
+    DTYPE = torch.float32
+    print(f"CPU                 : {cpu_model_name()}")
+    print(f"cores (os.cpu_count): {os.cpu_count()}")
+    print(f"torch threads       : {torch.get_num_threads()}")
+    STREAM_ELEMENTS = 1 << 24  # 64 MiB in float32, beyond a typical L3 cache
+    SOFTMAX_ROW = 4096
+    MATMUL_SHAPES = [(8, 4096, 4096), (256, 256, 256),
+                     (512, 512, 512), (1024, 1024, 1024)]
+    MIN_RUN_TIME = 0.2
+    print("CPU: the roofline here is the CPU's; the GPU rooflines come from spec sheets.")
+
+ELEMENT_BYTES = torch.finfo(DTYPE).bits // 8
+print(f"working dtype       : {DTYPE}")
+
+# %%
+# Spec-sheet rooflines
+# --------------------
+# A roofline has two numbers: the memory bandwidth :math:`B` (bytes/s) and
+# the peak arithmetic rate :math:`P` (FLOP/s). An operation with intensity
+# :math:`I` (FLOP per byte) can run at most at :math:`\min(P, I \cdot B)`.
+# The corner, the *ridge point* :math:`P / B`, is the intensity an operation
+# needs before compute, not memory, limits it.
+#
+# The figures below are the HBM bandwidth and the dense bf16 tensor-core rate
+# from NVIDIA's datasheets. The datasheets list bf16 "with sparsity" (2:4
+# structured sparsity), which is twice the dense rate; ordinary matmuls are
+# dense, so we halve those figures.
+
+GPU_SPECS = {
+    "A100 SXM 80GB": {
+        "bandwidth": 2.039e12, "peak_flops": 312e12,
+        "source": "NVIDIA A100 Tensor Core GPU datasheet: HBM2e 2,039 GB/s; "
+                  "BF16 312 TFLOPS dense (624 with sparsity)",
+    },
+    "H100 SXM": {
+        "bandwidth": 3.35e12, "peak_flops": 1979e12 / 2,
+        "source": "NVIDIA H100 Tensor Core GPU datasheet: HBM3 3.35 TB/s; "
+                  "BF16 1,979 TFLOPS with sparsity",
+    },
+    "H200 SXM": {
+        "bandwidth": 4.8e12, "peak_flops": 1979e12 / 2,
+        "source": "NVIDIA H200 Tensor Core GPU datasheet: HBM3e 4.8 TB/s; "
+                  "BF16 1,979 TFLOPS with sparsity",
+    },
+}
+
+
+def ridge_point(roofline):
+    return roofline["peak_flops"] / roofline["bandwidth"]
+
+
+print(f"{'GPU':<14} {'TB/s':>6} {'dense TFLOP/s':>14} {'ridge FLOP/B':>13}")
+for gpu, spec in GPU_SPECS.items():
+    print(f"{gpu:<14} {spec['bandwidth'] / 1e12:>6.2f} {spec['peak_flops'] / 1e12:>14.1f} "
+          f"{ridge_point(spec):>13.0f}")
+for gpu, spec in GPU_SPECS.items():
+    print(f"  {gpu}: {spec['source']}")
+
+# %%
+# Predict: FLOPs and bytes of real operations
+# -------------------------------------------
+# For each operation we count the FLOPs and the *minimum* bytes it must move:
+# read each input once and write each output once.
+#
+# * **ReLU** on :math:`N` elements: 1 FLOP per element (a max), read
+#   :math:`N`, write :math:`N`.
+# * **GeLU (tanh form)** :math:`\tfrac12 x (1 + \tanh(\sqrt{2/\pi}(x + 0.044715
+#   x^3)))`: 8 FLOPs per element, counting ``tanh`` as one (a convention: the
+#   hardware spends several instructions on it); read :math:`N`, write
+#   :math:`N`.
+# * **Softmax** over rows: 5 FLOPs per element (max, subtract, exp, sum,
+#   divide), again read :math:`N`, write :math:`N` when a row stays on chip.
+# * **Matmul** :math:`(M \times K)(K \times N)`: :math:`2MNK` FLOPs, read
+#   :math:`MK + KN`, write :math:`MN` elements.
+#
+# Elementwise operations do a handful of FLOPs per element that is 2 or 4
+# bytes each way, so their intensity is around one FLOP per byte or below,
+# far left of every ridge point: they are memory-bound everywhere. A square
+# matmul of :math:`b`-byte elements has intensity :math:`2n/(3b)`, so large
+# ones cross the ridge, while a matmul with a thin dimension (a few rows, as
+# when a small batch decodes one token each) stays memory-bound.
+#
+# A useful consequence: left of the ridge the bound is :math:`I \cdot B`, so
+# the fraction of the bound an operation reaches is
+# :math:`(F/t)/(F/\text{bytes} \cdot B) = \text{bytes}/(t B)`, whatever
+# convention we used for counting its FLOPs.
+
+
+def streaming_ops(n_elements):
+    """Elementwise and row-wise operations on one large tensor: read it once, write once."""
+    x = torch.randn(n_elements, device=DEVICE, dtype=DTYPE)
+    rows = x.view(-1, SOFTMAX_ROW)
+    moved = 2 * n_elements * ELEMENT_BYTES
+    return [
+        {"name": "ReLU", "fn": lambda: torch.relu(x), "flops": 1 * n_elements, "bytes": moved},
+        {"name": "GeLU (tanh)", "fn": lambda: F.gelu(x, approximate="tanh"),
+         "flops": 8 * n_elements, "bytes": moved},
+        {"name": "softmax", "fn": lambda: torch.softmax(rows, dim=-1),
+         "flops": 5 * n_elements, "bytes": moved},
+    ]
+
+
+def matmul_op(m, k, n):
+    a = torch.randn(m, k, device=DEVICE, dtype=DTYPE)
+    b = torch.randn(k, n, device=DEVICE, dtype=DTYPE)
+    return {"name": f"matmul {m}x{k}x{n}", "fn": lambda: a @ b, "flops": 2 * m * n * k,
+            "bytes": (m * k + k * n + m * n) * ELEMENT_BYTES, "square": m == k == n}
+
+
+OPERATIONS = streaming_ops(STREAM_ELEMENTS) + [matmul_op(*shape) for shape in MATMUL_SHAPES]
+
+H200_RIDGE = ridge_point(GPU_SPECS["H200 SXM"])
+print(f"{'operation':<22} {'FLOP/B':>8}  vs the H200 ridge ({H200_RIDGE:.0f} FLOP/B, spec)")
+for op in OPERATIONS:
+    intensity = op["flops"] / op["bytes"]
+    side = "below: memory-bound" if intensity < H200_RIDGE else "above: compute-bound"
+    print(f"{op['name']:<22} {intensity:>8.2f}  {side}")
+
+# %%
+# Verify: is the matmul we time correct?
+# --------------------------------------
+# A fast wrong answer is worthless. We compare ``torch.matmul`` in the
+# working dtype against float64 on the same (rounded) inputs, on an awkward
+# shape. bf16 keeps 8 bits of mantissa, so the output rounding alone is
+# about 0.4 %; the tolerance allows for it. An entry of the product is a sum
+# of :math:`K` terms, so its size and its rounding error grow like
+# :math:`\sqrt{K}`, and the absolute tolerance scales with it.
+
+a_check = torch.randn(333, 517, device=DEVICE, dtype=DTYPE)
+b_check = torch.randn(517, 271, device=DEVICE, dtype=DTYPE)
+reference = a_check.double() @ b_check.double()
+tolerance = 2e-2 if ELEMENT_BYTES == 2 else 1e-4
+absolute_tolerance = tolerance * math.sqrt(a_check.shape[1])
+torch.testing.assert_close((a_check @ b_check).double(), reference,
+                           rtol=tolerance, atol=absolute_tolerance)
+print(f"matmul {DTYPE} matches float64 (rtol {tolerance:g}, atol {absolute_tolerance:.2g})")
+
+# %%
+# Measure: this machine's ceilings and the operations
+# ---------------------------------------------------
+# We measure the two ceilings instead of trusting a spec sheet. Bandwidth: a
+# large device-to-device copy, which reads and writes each byte once, so it
+# moves :math:`2 \times` the tensor size. Arithmetic: the best rate
+# ``torch.matmul`` (:math:`2n^3` FLOPs) reaches on the square sizes in the
+# list above; on a GPU that is the largest one. A ceiling is what the
+# machine *can* do, and background load only ever slows a measurement down,
+# so for the ceilings we keep the fastest timed block, and we time the copy
+# both before and after the operations.
+#
+# Each operation is timed with ``torch.utils.benchmark``; its time is the
+# median of the timed blocks, its achieved rate is FLOPs / time, and its
+# bound is this machine's roofline at its intensity.
+
+
+def time_it(fn, min_run_time=MIN_RUN_TIME):
+    """Time fn() with torch.utils.benchmark on all threads torch uses."""
+    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn},
+                            num_threads=torch.get_num_threads())
+    return timer.blocked_autorange(min_run_time=min_run_time)
+
+
+def measure_copy_bandwidth(n_elements):
+    src = torch.randn(n_elements, device=DEVICE, dtype=DTYPE)
+    dst = torch.empty_like(src)
+    fastest = min(time_it(lambda: dst.copy_(src), 2 * MIN_RUN_TIME).times)
+    return 2 * src.numel() * src.element_size() / fastest
+
+
+def roofline_bound(roofline, intensity):
+    return min(roofline["peak_flops"], intensity * roofline["bandwidth"])
+
+
+bandwidth_before = measure_copy_bandwidth(STREAM_ELEMENTS)
+measurements = [time_it(op["fn"]) for op in OPERATIONS]
+THIS_MACHINE = {
+    "bandwidth": max(bandwidth_before, measure_copy_bandwidth(STREAM_ELEMENTS)),
+    "peak_flops": max(op["flops"] / min(measurement.times)
+                      for op, measurement in zip(OPERATIONS, measurements) if op.get("square")),
+}
+print(f"copy bandwidth ({STREAM_ELEMENTS * ELEMENT_BYTES / 2**20:.0f} MiB copy): "
+      f"{THIS_MACHINE['bandwidth'] / 1e9:8.1f} GB/s")
+print(f"matmul rate ({DTYPE}, best square size): {THIS_MACHINE['peak_flops'] / 1e9:8.1f} GFLOP/s")
+print(f"ridge point: {ridge_point(THIS_MACHINE):.1f} FLOP/B")
+
+results = []
+for op, measurement in zip(OPERATIONS, measurements):
+    intensity = op["flops"] / op["bytes"]
+    achieved = op["flops"] / measurement.median
+    results.append({"name": op["name"], "flops": op["flops"], "bytes": op["bytes"],
+                    "intensity": intensity, "seconds": measurement.median, "achieved": achieved,
+                    "fraction": achieved / roofline_bound(THIS_MACHINE, intensity)})
+
+print(f"{'operation':<22} {'FLOPs':>9} {'bytes':>9} {'FLOP/B':>8} {'time ms':>9} "
+      f"{'GFLOP/s':>9} {'of bound':>9}")
+for row in results:
+    print(f"{row['name']:<22} {row['flops']:>9.2e} {row['bytes']:>9.2e} {row['intensity']:>8.2f} "
+          f"{row['seconds'] * 1e3:>9.3f} {row['achieved'] / 1e9:>9.1f} {row['fraction']:>9.1%}")
+
+# %%
+# Check the model against the measurements
+# ----------------------------------------
+# The roofline is a claim that can fail: no operation may run above its
+# bound. The square matmuls set the flat part of the roof, so the test has
+# teeth on the slanted part: a memory-bound operation far above the line
+# would mean that it moves fewer bytes than we counted (a cache serves some
+# of them, say) or that the timer is broken. We allow 50 % slack: for timing
+# noise, and because a stream that only reads (the thin matmul) can beat a
+# copy, which also writes, and writes cost more than reads (on a CPU a write
+# may first fetch the cache line it overwrites). An operation that runs near
+# its bound still fails the check if we counted twice its real bytes.
+
+SLACK = 1.5
+for row in results:
+    if row["fraction"] > SLACK:
+        raise AssertionError(
+            f"{row['name']} runs at {row['fraction']:.0%} of this machine's roofline: "
+            "check its byte and FLOP counts")
+print(f"all {len(results)} operations lie at or below {SLACK} x this machine's roofline")
+
+# %%
+# Plot
+# ----
+# Both axes are logarithmic, so a roofline is a rising line of slope one
+# (memory-bound) that turns flat at the ridge point (compute-bound).
+
+intensities = torch.logspace(-2, 4, 400).tolist()
+fig, ax = plt.subplots(figsize=(8, 5.5))
+for (gpu, spec), colour in zip(GPU_SPECS.items(), ["tab:green", "tab:orange", "tab:red"]):
+    ax.plot(intensities, [roofline_bound(spec, i) / 1e12 for i in intensities],
+            "--", color=colour, label=f"{gpu} (datasheet, dense bf16)")
+ax.plot(intensities, [roofline_bound(THIS_MACHINE, i) / 1e12 for i in intensities],
+        "-", color="black", linewidth=2, label="this machine (measured)")
+for index, row in enumerate(results):
+    point = (row["intensity"], row["achieved"] / 1e12)
+    ax.scatter(*point, color="tab:blue", zorder=3)
+    label = row["name"].replace("matmul ", "")
+    ax.annotate(label, point, fontsize=7, textcoords="offset points",
+                xytext=(5, -11) if index % 2 else (5, 5))
+ax.set_xscale("log")
+ax.set_yscale("log")
+ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+ax.set_ylabel("performance (TFLOP/s)")
+ax.set_title(f"Roofline, operations measured on {DEVICE_NAME} ({DTYPE})")
+ax.grid(True, which="both", alpha=0.3)
+ax.legend(loc="upper left", fontsize=8)
+fig.tight_layout()
+
+del OPERATIONS  # frees the large tensors the timed functions hold
+
+# %%
+# Reading the result
+# ------------------
+# The elementwise operations sit far left of every ridge point, on the
+# slanted part of the roof: making their arithmetic faster would change
+# nothing, only moving fewer bytes helps. Their fraction of the bound in the
+# table above says how close each comes to streaming at the copy bandwidth.
+# On a CPU each out-of-place operation also allocates a fresh output, and the
+# operating system zeroes those pages on first touch, a cost a copy into an
+# existing buffer does not pay; on a GPU PyTorch's caching allocator reuses
+# memory and this cost disappears.
+#
+# The thin matmul (16 or 8 rows) is memory-bound too: it reads a whole
+# weight matrix to do two FLOPs per weight element per row. Square matmuls
+# move right as they grow and, past the ridge point, are limited by
+# arithmetic. Small ones fall below the roof for another reason: they are
+# too small to fill the machine, and fixed launch or dispatch costs dominate.
+#
+# The spec-sheet lines show why the same code behaves differently on
+# different GPUs: from A100 to H100 the peak rate grew much more than the
+# bandwidth, so the ridge point moved right and more operations became
+# memory-bound. The H200 has the H100's arithmetic and more bandwidth, so
+# memory-bound operations gain and compute-bound ones do not. Fusing
+# elementwise operations, which removes bytes rather than FLOPs, is the
+# subject of :ref:`sphx_glr_auto_examples_lecture05_gpus_03_fusion.py`.

@@ -1,0 +1,454 @@
+"""
+Triton basics: masks, block sizes and GeLU five ways
+====================================================
+
+We write a vector add and a GeLU in Triton. The mask makes them correct on
+any length, and a sweep shows what the block size changes. Then we compare
+five ways to compute GeLU against the memory floor. Afterwards you can write
+an elementwise Triton kernel, pick its block size, and judge it by the
+fraction of copy bandwidth it reaches.
+
+**Requirements.** Full version: a CUDA GPU and Triton. The fifth GeLU, a CUDA
+kernel, also needs ``nvcc`` and a C++ compiler. On a CPU, Triton runs in
+interpreter mode (``TRITON_INTERPRET=1``) at small sizes: the page checks
+every kernel and counts programs, but times only PyTorch and
+``torch.compile``. Without Triton, the Triton parts are skipped.
+"""
+
+# %%
+# Setup
+# -----
+# On a CPU, ``TRITON_INTERPRET=1`` must be set before Triton is imported.
+# Each program then runs as NumPy code, one after another. That is good for
+# checking results and useless for timing.
+
+import math
+import os
+import shutil
+import time
+
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+from torch.utils import benchmark, cpp_extension
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAVE_TRITON = True
+except ImportError:
+    HAVE_TRITON = False
+
+ON_GPU = DEVICE == "cuda"
+CHECK_LENGTHS = (1, 1000, 98_437)  # 98_437 is odd: no block size divides it
+BLOCK_SIZES = [64, 128, 256, 512, 1024, 2048, 4096]
+SWEEP_CHECK_LENGTH = 20_011  # leaves a partial last block for every block size
+N_SWEEP_TIMED = 1 << 26  # GPU only
+N_GELU_TIMED = 1 << 26 if ON_GPU else 200_003
+N_GELU_CHECK = 1_000_003 if ON_GPU else N_GELU_TIMED  # one torch.compile on CPU
+COPY_BYTES = 1 << 30 if ON_GPU else 1 << 26
+torch.manual_seed(0)
+
+DEVICE_NAME = torch.cuda.get_device_name() if ON_GPU else "CPU"
+if not HAVE_TRITON:
+    print("Triton is not installed: the Triton kernels are skipped.")
+elif ON_GPU:
+    print(f"{DEVICE_NAME}: Triton compiled and timed at full size.")
+else:
+    print("CPU: Triton interpreted, so its kernels are checked, not timed.")
+
+# %%
+# Timing and the copy ceiling
+# ---------------------------
+# On CUDA, :func:`triton.testing.do_bench` times with CUDA events and clears
+# the L2 cache between runs. Otherwise :mod:`torch.utils.benchmark` times,
+# on one CPU thread by default. The ceiling for a memory-bound kernel is this
+# machine's copy bandwidth: a large ``dst.copy_(src)`` that reads and writes
+# each byte once.
+
+
+def time_ms(fn, *args):
+    """Median run time of ``fn(*args)`` in milliseconds."""
+    if ON_GPU and HAVE_TRITON:
+        return triton.testing.do_bench(lambda: fn(*args), return_mode="median")
+    timer = benchmark.Timer(stmt="fn(*args)", globals={"fn": fn, "args": args})
+    return timer.blocked_autorange(min_run_time=0.2).median * 1e3
+
+
+def copy_bandwidth_gbs(n_bytes):
+    """GB/s of ``dst.copy_(src)``, counting the bytes read and written."""
+    src = torch.randn(n_bytes // 4, device=DEVICE)
+    dst = torch.empty_like(src)
+    return 2 * n_bytes / time_ms(dst.copy_, src) / 1e6
+
+
+COPY_GBS = copy_bandwidth_gbs(COPY_BYTES)
+print(f"measured copy bandwidth: {COPY_GBS:.1f} GB/s")
+
+# %%
+# Vector add with a mask
+# ----------------------
+# A Triton kernel is written for one *program*, which handles a block of
+# ``BLOCK_SIZE`` elements with vector operations. We launch
+# ``cdiv(n, BLOCK_SIZE)`` programs, and program ``p`` covers offsets
+# ``p * BLOCK_SIZE`` to ``p * BLOCK_SIZE + BLOCK_SIZE - 1``. When ``n`` is no
+# multiple of the block, the last program reaches past the end of the
+# tensors. The mask ``offsets < n`` switches those lanes off: masked loads
+# read nothing, and masked stores write nothing.
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def add_kernel(x_ptr, y_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
+        offsets = tl.program_id(axis=0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+        mask = offsets < n_elements
+        x = tl.load(x_ptr + offsets, mask=mask)
+        y = tl.load(y_ptr + offsets, mask=mask)
+        tl.store(out_ptr + offsets, x + y, mask=mask)
+
+    def triton_add(x, y, block_size=1024):
+        out = torch.empty_like(x)
+        grid = (triton.cdiv(x.numel(), block_size),)
+        add_kernel[grid](x, y, out, x.numel(), BLOCK_SIZE=block_size)
+        return out
+
+
+# %%
+# Without the mask
+# ----------------
+# We do not run the unmasked kernel. Here is what it would do. In the last
+# program, the lanes past ``n`` would load whatever lies after the tensors in
+# memory: another tensor's data, or an unmapped page, which crashes with an
+# illegal memory access. Their stores would overwrite memory the kernel does
+# not own. That corruption shows up later, somewhere else, or not at all on
+# the lengths you happened to test. The table counts these lanes for the
+# lengths checked below. Each would be an out-of-bounds access without the
+# mask.
+
+
+def out_of_bounds_lanes(n, block_size):
+    programs = math.ceil(n / block_size)
+    return programs, programs * block_size - n
+
+
+print(f"{'n':>8} {'BLOCK_SIZE':>10} {'programs':>9} {'lanes past the end':>19}")
+for n in CHECK_LENGTHS:
+    programs, past_end = out_of_bounds_lanes(n, 1024)
+    print(f"{n:>8} {1024:>10} {programs:>9} {past_end:>19}")
+
+# %%
+# Verify the vector add
+# ---------------------
+# A float32 sum is exact to the bit whichever code computes it, so the
+# tolerance is zero. We check every length above and every block size of the
+# sweep, each time on fresh random inputs.
+
+
+def check_add(n, block_size):
+    x = torch.randn(n, device=DEVICE)
+    y = torch.randn(n, device=DEVICE)
+    torch.testing.assert_close(triton_add(x, y, block_size), x + y, rtol=0, atol=0)
+
+
+if HAVE_TRITON:
+    for n in CHECK_LENGTHS:
+        check_add(n, 1024)
+    for block_size in BLOCK_SIZES:
+        check_add(SWEEP_CHECK_LENGTH, block_size)
+    print("Triton add matches x + y on every length and block size")
+
+# %%
+# Block-size sweep
+# ----------------
+# The block size sets how many programs are launched and how much work each
+# one does. A GPU keeps only a limited number of programs resident on each
+# streaming multiprocessor. With tiny blocks, those programs together have
+# too few bytes in flight to hide the memory latency. Very large blocks give
+# each thread many elements to hold in registers. In between, a memory-bound
+# kernel should reach the copy bandwidth. Vector add reads two floats and writes one, so we count
+# 12 bytes per element.
+#
+# On the GPU the timed length is a power of two. Triton specializes on
+# integer arguments divisible by 16, so it can prove that the mask is constant
+# over groups of lanes and use wide loads. A length like 98437 is correct but
+# may lose a little speed.
+
+
+def program_counts(n):
+    return [math.ceil(n / block_size) for block_size in BLOCK_SIZES]
+
+
+def add_bandwidth_sweep(n):
+    x = torch.randn(n, device=DEVICE)
+    y = torch.randn(n, device=DEVICE)
+    bytes_moved = 3 * 4 * n
+    triton_gbs = [
+        bytes_moved / time_ms(triton_add, x, y, block_size) / 1e6
+        for block_size in BLOCK_SIZES
+    ]
+    torch_gbs = bytes_moved / time_ms(torch.add, x, y) / 1e6
+    return triton_gbs, torch_gbs
+
+
+def plot_bandwidth_sweep(triton_gbs, torch_gbs):
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    ax.plot(BLOCK_SIZES, triton_gbs, "o-", label="Triton add")
+    ax.axhline(torch_gbs, color="tab:orange", label="torch add")
+    ax.axhline(COPY_GBS, color="black", linestyle="--", label="measured copy")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("BLOCK_SIZE (elements per program)")
+    ax.set_ylabel("effective bandwidth (GB/s)")
+    ax.set_title(f"Vector add, {N_SWEEP_TIMED:,} float32, {DEVICE_NAME}")
+    ax.legend()
+    fig.tight_layout()
+
+
+def plot_program_counts(n):
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    ax.plot(BLOCK_SIZES, program_counts(n), "o-")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("BLOCK_SIZE (elements per program)")
+    ax.set_ylabel("programs launched")
+    ax.set_title(f"Vector add of {n:,} elements, {DEVICE_NAME} (interpreter)")
+    fig.tight_layout()
+
+
+counted_length = N_SWEEP_TIMED if ON_GPU else SWEEP_CHECK_LENGTH
+print(f"programs launched for n = {counted_length}")
+print(f"{'BLOCK_SIZE':>10} {'programs':>9}")
+for block_size, programs in zip(BLOCK_SIZES, program_counts(counted_length)):
+    print(f"{block_size:>10} {programs:>9}")
+
+if HAVE_TRITON and ON_GPU:
+    triton_gbs, torch_gbs = add_bandwidth_sweep(N_SWEEP_TIMED)
+    print(f"{'BLOCK_SIZE':>10} {'GB/s':>8} {'% of copy':>10}")
+    for block_size, gbs in zip(BLOCK_SIZES, triton_gbs):
+        print(f"{block_size:>10} {gbs:>8.1f} {100 * gbs / COPY_GBS:>10.1f}")
+    best = max(triton_gbs)
+    print(f"best Triton add: {100 * best / COPY_GBS:.1f}% of copy bandwidth (target >= 90%)")
+    print(f"torch add:       {100 * torch_gbs / COPY_GBS:.1f}% of copy bandwidth")
+    print(f"best Triton add / torch add: {best / torch_gbs:.2f}")
+    plot_bandwidth_sweep(triton_gbs, torch_gbs)
+elif HAVE_TRITON:
+    print("Interpreted Triton time means nothing for a GPU: we plot programs launched.")
+    plot_program_counts(SWEEP_CHECK_LENGTH)
+
+# %%
+# GeLU in Triton
+# --------------
+# ``triton.language`` has ``exp`` but no ``tanh``. We use the identity
+# :math:`\tfrac12(1 + \tanh z) = \sigma(2z)`, where :math:`\sigma` is the
+# logistic sigmoid. So :math:`\mathrm{GeLU}(x) = x\,\sigma(2z)` with
+# :math:`z = \sqrt{2/\pi}\,(x + 0.044715\,x^3)`. We compute the sigmoid from
+# :math:`e = \exp(-2|z|) \le 1`, which cannot overflow: :math:`1/(1+e)` for
+# :math:`z \ge 0` and :math:`e/(1+e)` otherwise.
+
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def gelu_kernel(x_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
+        offsets = tl.program_id(axis=0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+        mask = offsets < n_elements
+        x = tl.load(x_ptr + offsets, mask=mask)
+        z = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        e = tl.exp(-2.0 * tl.abs(z))
+        sigmoid_2z = tl.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+        tl.store(out_ptr + offsets, x * sigmoid_2z, mask=mask)
+
+    def triton_gelu(x, block_size=1024):
+        out = torch.empty_like(x)
+        grid = (triton.cdiv(x.numel(), block_size),)
+        gelu_kernel[grid](x, out, x.numel(), BLOCK_SIZE=block_size)
+        return out
+
+
+# %%
+# The other four ways
+# -------------------
+# The manual PyTorch version runs nine kernels and moves 22 float32 values per
+# element. One fused kernel moves two, so it should be about eleven times
+# faster if both are memory-bound. ``torch.compile`` should find that fusion
+# by itself. On a GPU it generates a Triton kernel much like ours. On a CPU it
+# generates vectorized C++. The CUDA kernel is a compact copy of
+# :ref:`sphx_glr_auto_examples_lecture06_kernels_triton_03_cuda_kernels.py`,
+# built only where CUDA is present.
+
+
+def manual_gelu(x):
+    cube = x * x * x  # 2 kernels: read 4, write 2
+    inner = SQRT_2_OVER_PI * (x + 0.044715 * cube)  # 3 kernels: read 4, write 3
+    return 0.5 * x * (1.0 + torch.tanh(inner))  # 4 kernels: read 5, write 4
+
+
+def library_gelu(x):
+    return F.gelu(x, approximate="tanh")
+
+
+CUDA_GELU_SOURCE = r"""
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+__global__ void gelu_kernel(const float* in, float* out, int64_t n) {
+    int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float x = in[i];
+        out[i] = 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+    }
+}
+
+at::Tensor gelu(const at::Tensor& x) {
+    TORCH_CHECK(x.is_cuda() && x.is_contiguous() && x.scalar_type() == at::kFloat,
+                "x must be a contiguous float32 CUDA tensor");
+    const c10::cuda::CUDAGuard guard(x.device());
+    at::Tensor y = at::empty_like(x);
+    const int64_t n = x.numel();
+    const int threads = 1024;
+    if (n > 0) {
+        const unsigned int blocks = static_cast<unsigned int>((n + threads - 1) / threads);
+        gelu_kernel<<<blocks, threads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+            x.data_ptr<float>(), y.data_ptr<float>(), n);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+    return y;
+}
+"""
+BINDING_SOURCE = """
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/utils/pybind.h>
+at::Tensor gelu(const at::Tensor& x);
+"""
+
+
+def build_cuda_gelu():
+    """The CUDA GeLU as a Python function, or None with the reason printed."""
+    if not ON_GPU:
+        print("CUDA GeLU: absent, no CUDA GPU on this machine.")
+        return None
+    if cpp_extension.CUDA_HOME is None:
+        print("CUDA GeLU: skipped, the CUDA toolkit (nvcc) was not found.")
+        return None
+    if shutil.which(cpp_extension.get_cxx_compiler()) is None:
+        print("CUDA GeLU: skipped, no C++ compiler on PATH.")
+        return None
+    start = time.perf_counter()
+    try:
+        module = cpp_extension.load_inline(
+            name="lecture06_04_gelu_cuda",
+            cpp_sources=BINDING_SOURCE,
+            cuda_sources=CUDA_GELU_SOURCE,
+            functions=["gelu"],
+            no_implicit_headers=True,
+            with_pytorch_error_handling=False,
+            verbose=False,
+        )
+    except (RuntimeError, OSError) as error:
+        print(f"CUDA GeLU: build failed, {str(error).splitlines()[0]}")
+        return None
+    print(f"CUDA GeLU: built in {time.perf_counter() - start:.1f} s")
+    return module.gelu
+
+
+def compile_gelu(example_input):
+    """``torch.compile`` of the manual GeLU, or None with the reason printed."""
+    start = time.perf_counter()
+    try:
+        compiled = torch.compile(manual_gelu, dynamic=False)
+        compiled(example_input)
+    except (RuntimeError, OSError) as error:  # compiler failures are RuntimeErrors
+        print(f"torch.compile: skipped, {type(error).__name__}: {str(error).splitlines()[0]}")
+        return None
+    print(f"torch.compile: first call (compilation) took {time.perf_counter() - start:.1f} s")
+    return compiled
+
+
+x_check = 4 * torch.randn(N_GELU_CHECK, device=DEVICE)
+gelu_ways = {"manual PyTorch": manual_gelu, "F.gelu": library_gelu}
+compiled_gelu = compile_gelu(x_check)
+if compiled_gelu is not None:
+    gelu_ways["torch.compile"] = compiled_gelu
+if HAVE_TRITON:
+    gelu_ways["Triton"] = triton_gelu
+cuda_gelu = build_cuda_gelu()
+if cuda_gelu is not None:
+    gelu_ways["CUDA"] = cuda_gelu
+
+# %%
+# Verify the five ways
+# --------------------
+# Each way runs on fresh random inputs of a length that no block size divides
+# and is compared with the same formula in float64. The table gives each
+# way's largest error: float32 rounding, of the same order for every way.
+
+exact = F.gelu(x_check.double(), approximate="tanh")
+print(f"{'way':<15} {'max |error| vs float64':>23}")
+for name, gelu in gelu_ways.items():
+    result = gelu(x_check)
+    torch.testing.assert_close(result, exact.float())
+    print(f"{name:<15} {(result.double() - exact).abs().max().item():>23.2e}")
+del exact
+
+# %%
+# Time the five ways
+# ------------------
+# A fused GeLU reads 4 bytes and writes 4 bytes per element. At the measured
+# copy bandwidth, that takes at least ``8 n / bandwidth``, the floor in the
+# chart. Interpreted Triton is left out of the CPU chart: its time measures
+# the interpreter, not the kernel.
+
+x_timed = torch.randn(N_GELU_TIMED, device=DEVICE)
+floor_ms = 8 * N_GELU_TIMED / COPY_GBS / 1e6
+timed_ways = {
+    name: gelu for name, gelu in gelu_ways.items() if ON_GPU or name != "Triton"
+}
+gelu_ms = {name: time_ms(gelu, x_timed) for name, gelu in timed_ways.items()}
+
+print(f"{'way':<15} {'time (ms)':>10} {'GB/s':>8} {'% of copy':>10}")
+for name, ms in gelu_ms.items():
+    gbs = 8 * N_GELU_TIMED / ms / 1e6
+    print(f"{name:<15} {ms:>10.3f} {gbs:>8.1f} {100 * gbs / COPY_GBS:>10.1f}")
+print(f"{'floor':<15} {floor_ms:>10.3f} {COPY_GBS:>8.1f} {100.0:>10.1f}")
+if HAVE_TRITON and not ON_GPU:
+    print("Triton: interpreted on this CPU, checked above, not timed")
+
+fig, ax = plt.subplots(figsize=(6.4, 4))
+ax.bar(list(gelu_ms), list(gelu_ms.values()), color="tab:blue")
+ax.axhline(floor_ms, color="black", linestyle="--", label="floor: bytes / copy bandwidth")
+ax.set_ylabel("time per call (ms)")
+ax.set_title(f"GeLU on {N_GELU_TIMED:,} float32, {DEVICE_NAME}")
+ax.legend()
+fig.tight_layout()
+
+# %%
+# Read the result
+# ---------------
+# **Masks.** The mask costs one compare per lane and makes the kernel correct
+# for every length. Only the last program ever has lanes switched off.
+#
+# **Block size.** On a GPU, the sweep shows too-small blocks falling short of
+# the copy line. The programs are too small to keep enough memory requests in
+# flight. From a few hundred elements per program on, the add should run at
+# nearly the copy bandwidth, level with ``torch.add``. The table above gives
+# the fraction reached. On a CPU, the chart shows only what is certain: the
+# number of programs halves each time the block doubles. The interpreter runs
+# them one at a time, so its time says nothing about a GPU.
+#
+# **GeLU five ways.** On a GPU, every fused way (``F.gelu``,
+# ``torch.compile``, Triton, CUDA) should land near the floor. The manual
+# version should take several times longer, because it moves about eleven
+# times the bytes. How you fuse matters less than *that* you fuse. On a CPU,
+# ``tanh`` costs more arithmetic per element, and the gaps reflect
+# vectorization and threading as much as memory traffic.
+
+# sphinx_gallery_thumbnail_number = 2
+del x_check, x_timed

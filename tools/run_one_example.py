@@ -1,0 +1,50 @@
+"""Run one example as the GPU check does: in this process, then report on it as JSON.
+
+Used by ``tools/gpu_check.py``, one process per example, so that GPU memory and
+failures stay isolated. Prints the example's own output, then one line
+``GPU-CHECK-RESULT {json}`` with the wall time, the peak GPU memory and the
+example's ``KEY_FIGURES`` dictionary, if it defines one.
+"""
+
+import json
+import os
+import runpy
+import sys
+import time
+import traceback
+
+import torch
+
+RESULT_MARKER = "GPU-CHECK-RESULT "
+
+
+def run(path):
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    start = time.perf_counter()
+    result = {"passed": True, "error": None, "key_figures": {}}
+    try:
+        namespace = runpy.run_path(path, run_name="__main__")
+        result["key_figures"] = _plain(namespace.get("KEY_FIGURES", {}))
+    except BaseException as error:  # noqa: BLE001 - a failing example is a result, not a crash
+        result["passed"] = False
+        result["error"] = "".join(traceback.format_exception_only(error)).strip()
+        traceback.print_exc()
+    result["seconds"] = round(time.perf_counter() - start, 2)
+    result["peak_gpu_memory_gib"] = (
+        round(torch.cuda.max_memory_allocated() / 2**30, 3) if cuda else None
+    )
+    print(RESULT_MARKER + json.dumps(result), flush=True)
+
+
+def _plain(figures):
+    """Numbers rounded, everything else as text, so the report is JSON."""
+    return {
+        str(k): round(float(v), 4) if isinstance(v, (int, float)) else str(v)
+        for k, v in figures.items()
+    }
+
+
+if __name__ == "__main__":
+    run(sys.argv[1])
