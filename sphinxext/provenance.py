@@ -129,7 +129,7 @@ def insert_provenance(app, docname, source):
         return  # not executed in this build (preview build): no claim to make
     record = json.loads(record_file.read_text(encoding="utf-8"))
     note = render_note(record, app.config.language)
-    source[0] = _after_title(source[0], note + _artifact_links(app, parts))
+    source[0] = _after_title(source[0], note + "\n" + _artifact_links(app, parts))
 
 
 def _artifact_links(app, parts):

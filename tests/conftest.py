@@ -13,7 +13,7 @@ SITE_ENV = {"COURSE_BASE_URL": "http://localhost/course/"}
 
 @pytest.fixture(scope="session")
 def site(tmp_path_factory):
-    """A fresh checkout copy, built from scratch with ``make html``.
+    """A fresh checkout copy, built from scratch with ``make html-fresh``.
 
     COURSE_TEST_CHECKOUT=<folder> reuses a copy built earlier, as it is:
     handy while working on the browser tests themselves.
@@ -21,7 +21,7 @@ def site(tmp_path_factory):
     if reuse := os.environ.get("COURSE_TEST_CHECKOUT"):
         return Path(reuse), None
     checkout = copy_checkout(tmp_path_factory.mktemp("site"))
-    result = make(checkout, "html", env=SITE_ENV)
+    result = make(checkout, "html-fresh", env=SITE_ENV)
     if result.returncode != 0:
         pytest.fail(f"make html failed:\n{result.log[-6000:]}")
     return checkout, result

@@ -1,0 +1,548 @@
+"""
+FlashAttention: online softmax and tiled attention
+==================================================
+
+Naive attention stores the whole :math:`N \\times N` score matrix of
+:math:`\\mathrm{softmax}(QK^T/\\sqrt{d})\\,V`; FlashAttention streams over
+blocks of keys with a running maximum and sum per query (the *online
+softmax*), so its memory grows linearly with :math:`N`. We build the online
+softmax, a tiled attention in PyTorch to read, and the same algorithm as a
+Triton kernel to run fast, check all three against PyTorch, and measure
+memory and speed.
+
+**Requirements.** Full version: a CUDA GPU and Triton (float16). On a CPU the
+Triton kernel runs in the interpreter at a tiny size in float32, which checks
+correctness, not speed. Peak memory is then a byte model instead of a
+measurement, and the speed comparison with PyTorch's fused attention is
+skipped.
+"""
+
+# %%
+# Setup
+# -----
+# On a CPU, ``TRITON_INTERPRET=1`` must be set before Triton is imported.
+
+import contextlib
+import math
+import os
+import platform
+from unittest import mock
+
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAVE_TRITON = True
+except ImportError:
+    HAVE_TRITON = False
+
+torch.manual_seed(0)
+
+
+def cpu_model_name():
+    """The CPU's marketing name from /proc/cpuinfo (Linux), else from platform."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+if DEVICE == "cuda":
+    DEVICE_NAME = torch.cuda.get_device_name()
+    KERNEL_DTYPE = torch.float16
+    # (batch, heads, queries, keys, head_dim): irregular lengths exercise the masks
+    KERNEL_TEST_SHAPES = [(2, 3, 193, 193, 64), (1, 4, 77, 1000, 128), (2, 2, 1000, 1000, 128)]
+    MEMORY_SEQ_LENS = [1024, 2048, 4096, 8192, 16384]
+else:
+    DEVICE_NAME = f"{cpu_model_name()} CPU, {torch.get_num_threads()} threads"
+    KERNEL_DTYPE = torch.float32
+    KERNEL_TEST_SHAPES = [(1, 2, 77, 77, 32), (1, 2, 77, 193, 32)]
+    MEMORY_SEQ_LENS = [1024, 2048, 4096, 8192, 16384, 32768]
+
+if not HAVE_TRITON:
+    print("Triton is not installed: the Triton kernel is skipped; the PyTorch versions still run.")
+elif DEVICE == "cuda":
+    print(f"{DEVICE_NAME}: Triton compiled, float16, checked and timed against SDPA.")
+else:
+    print(f"{DEVICE_NAME}: Triton interpreted at a tiny size, float32: checked, not timed.")
+
+# %%
+# Online softmax
+# --------------
+# The softmax of a row needs its maximum (to keep ``exp`` from overflowing)
+# and the sum of ``exp(x - max)``. Both can be built in one pass over blocks
+# of the row. Keep a running maximum ``m`` and a running sum ``l``. When a
+# new block raises the maximum from ``m`` to ``m'``, every term already in
+# ``l`` was computed against the old maximum, so it must be rescaled:
+#
+# .. math:: l' = l\, e^{m - m'} + \sum_{j \in \text{block}} e^{x_j - m'}.
+#
+# After the last block, ``exp(x - m) / l`` is the softmax. Nothing but ``m``
+# and ``l`` survives from one block to the next.
+
+
+def online_softmax(x, block):
+    """Softmax over the last dimension, reading the columns ``block`` at a time."""
+    running_max = torch.full(x.shape[:-1], -math.inf, dtype=x.dtype, device=x.device)
+    running_sum = torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
+    for start in range(0, x.shape[-1], block):
+        chunk = x[..., start:start + block]
+        new_max = torch.maximum(running_max, chunk.amax(dim=-1))
+        rescale = torch.exp(running_max - new_max)  # exp(-inf) = 0 on the first block
+        running_sum = running_sum * rescale + torch.exp(chunk - new_max[..., None]).sum(dim=-1)
+        running_max = new_max
+    return torch.exp(x - running_max[..., None]) / running_sum[..., None]
+
+
+# Irregular width (not a multiple of the block), and a shift that would make exp overflow
+for shift in (0.0, 1000.0):
+    x = torch.randn(37, 1003, dtype=torch.float64, device=DEVICE) * 3 + shift
+    torch.testing.assert_close(online_softmax(x, block=128), torch.softmax(x, dim=-1))
+print("online softmax (blocks of 128 over 1003 columns) matches torch.softmax, shifts 0 and 1000")
+
+# %%
+# Tiled attention in PyTorch
+# --------------------------
+# Attention applies the same idea to every query row, and carries a third
+# running quantity: the output accumulator ``acc``, the running
+# ``sum_j exp(s_j - m) v_j``. It is rescaled by the same factor as ``l``.
+# The loop below visits the keys and values one block at a time. It never
+# holds more than a ``queries x block`` slice of the score matrix. With
+# ``causal=True``, query ``i`` sees only keys ``j <= i`` (the top-left
+# alignment of ``F.scaled_dot_product_attention``). The first key block
+# always contains key 0, which every query may see, so the running maximum
+# is finite after the first step.
+
+
+def tiled_attention(q, k, v, causal=False, block=64):
+    """softmax(q k^T / sqrt(d)) v for (..., N, d) tensors, one pass over key blocks."""
+    scale = q.shape[-1] ** -0.5
+    query_index = torch.arange(q.shape[-2], device=q.device)[:, None]
+    running_max = torch.full(q.shape[:-1], -math.inf, dtype=q.dtype, device=q.device)
+    running_sum = torch.zeros(q.shape[:-1], dtype=q.dtype, device=q.device)
+    acc = torch.zeros_like(q)
+    for start in range(0, k.shape[-2], block):
+        k_block, v_block = k[..., start:start + block, :], v[..., start:start + block, :]
+        scores = (q @ k_block.transpose(-2, -1)) * scale  # (..., queries, block)
+        if causal:
+            key_index = torch.arange(start, start + k_block.shape[-2], device=q.device)
+            scores = scores.masked_fill(key_index > query_index, -math.inf)
+        new_max = torch.maximum(running_max, scores.amax(dim=-1))
+        rescale = torch.exp(running_max - new_max)
+        p = torch.exp(scores - new_max[..., None])
+        running_sum = running_sum * rescale + p.sum(dim=-1)
+        acc = acc * rescale[..., None] + p @ v_block
+        running_max = new_max
+    return acc / running_sum[..., None]
+
+
+def random_qkv(batch, heads, n_queries, n_keys, head_dim, dtype):
+    q = torch.randn(batch, heads, n_queries, head_dim, device=DEVICE, dtype=dtype)
+    k = torch.randn(batch, heads, n_keys, head_dim, device=DEVICE, dtype=dtype)
+    v = torch.randn(batch, heads, n_keys, head_dim, device=DEVICE, dtype=dtype)
+    return q, k, v
+
+
+for n_queries, n_keys, causal in [(77, 193, False), (193, 193, True), (77, 193, True)]:
+    q, k, v = random_qkv(2, 3, n_queries, n_keys, 40, torch.float64)
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    torch.testing.assert_close(tiled_attention(q, k, v, causal=causal, block=32), expected)
+    print(f"PyTorch tiled attention, {n_queries} queries x {n_keys} keys, "
+          f"causal={causal!s:<5}: matches SDPA (float64)")
+
+# %%
+# The Triton kernel
+# -----------------
+# One program computes one block of ``BLOCK_M`` query rows of one (batch,
+# head) pair: the grid is ``(ceil(N / BLOCK_M), batch * heads)``. It loads
+# its query block once, then loops over key blocks of ``BLOCK_N``. Both
+# products, ``Q K^T`` and ``P V``, are ``tl.dot`` calls on tiles held in
+# registers and shared memory; the running ``m``, ``l`` and ``acc`` never
+# leave the chip, and the output is written once at the end. The statistics
+# and the accumulator are float32 even when the inputs are float16. ``P`` is
+# cast back to the input dtype for the second ``tl.dot``, so that it runs on
+# tensor cores. We fold ``log2(e)`` into the scale and use ``exp2``, which
+# maps to a single hardware instruction on NVIDIA GPUs.
+#
+# Masks handle the irregular lengths. Query rows past the end are computed
+# but not stored. Keys past the end, and keys after the query in causal
+# mode, get a score of ``-inf``, so they add ``exp(-inf) = 0``. In causal
+# mode the loop stops at the last key block the query block can see, which
+# halves the work.
+#
+# One practical note: Triton 3.6's interpreter cannot use a runtime value as
+# a loop bound under NumPy 2.4 or newer (a scalar argument is a one-element
+# array there, and NumPy no longer converts those with ``int()``). On a CPU
+# the launch therefore runs with the interpreter patched for its duration
+# only. The kernel and the compiled GPU path are unchanged.
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def flash_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr,
+                               stride_q_head, stride_q_row, stride_k_head, stride_k_row,
+                               stride_v_head, stride_v_row, stride_o_head, stride_o_row,
+                               n_queries, n_keys, qk_scale_log2,
+                               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                               BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr):
+        query_block = tl.program_id(0)
+        head = tl.program_id(1).to(tl.int64)
+        rows = query_block * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = tl.arange(0, HEAD_DIM)
+        key_offsets = tl.arange(0, BLOCK_N)
+
+        q = tl.load(q_ptr + head * stride_q_head + rows[:, None] * stride_q_row + cols[None, :],
+                    mask=rows[:, None] < n_queries, other=0.0)
+        running_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        running_sum = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+
+        key_end = n_keys
+        if IS_CAUSAL:
+            key_end = tl.minimum((query_block + 1) * BLOCK_M, n_keys)
+        for start in range(0, key_end, BLOCK_N):
+            keys = start + key_offsets
+            key_in_range = keys < n_keys
+            k = tl.load(k_ptr + head * stride_k_head + keys[:, None] * stride_k_row + cols[None, :],
+                        mask=key_in_range[:, None], other=0.0)
+            scores = tl.dot(q, tl.trans(k)) * qk_scale_log2  # (BLOCK_M, BLOCK_N), log2 units
+            visible = key_in_range[None, :]
+            if IS_CAUSAL:
+                visible = visible & (keys[None, :] <= rows[:, None])
+            scores = tl.where(visible, scores, float("-inf"))
+
+            new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+            rescale = tl.exp2(running_max - new_max)
+            p = tl.exp2(scores - new_max[:, None])
+            running_sum = running_sum * rescale + tl.sum(p, axis=1)
+            v = tl.load(v_ptr + head * stride_v_head + keys[:, None] * stride_v_row + cols[None, :],
+                        mask=key_in_range[:, None], other=0.0)
+            acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v)
+            running_max = new_max
+
+        out = acc / running_sum[:, None]
+        tl.store(out_ptr + head * stride_o_head + rows[:, None] * stride_o_row + cols[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=rows[:, None] < n_queries)
+
+    def triton_attention(q, k, v, causal=False):
+        """FlashAttention forward for (batch, heads, N, d) tensors; d a power of two >= 16."""
+        batch, heads, n_queries, head_dim = q.shape
+        n_keys = k.shape[2]
+        q3, k3, v3 = (t.reshape(batch * heads, t.shape[2], head_dim).contiguous() for t in (q, k, v))
+        out = torch.empty_like(q3)
+        if DEVICE == "cuda":
+            block_m, block_n = 128, 64
+            launch = {"num_warps": 4 if head_dim <= 64 else 8, "num_stages": 3}
+        else:  # the interpreter: small tiles keep it quick
+            block_m, block_n, launch = 16, 32, {}
+        grid = (triton.cdiv(n_queries, block_m), batch * heads)
+        with interpreter_loop_fix():
+            flash_attention_kernel[grid](
+                q3, k3, v3, out,
+                q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
+                v3.stride(0), v3.stride(1), out.stride(0), out.stride(1),
+                n_queries, n_keys, head_dim ** -0.5 * math.log2(math.e),
+                HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, IS_CAUSAL=causal, **launch)
+        return out.view(batch, heads, n_queries, head_dim)
+
+    def interpreter_loop_fix():
+        """Let the CPU interpreter loop up to a runtime bound (Triton 3.6 with NumPy >= 2.4)."""
+        from triton.runtime import interpreter
+
+        if DEVICE == "cuda" or not hasattr(interpreter, "_patch_lang_tensor"):
+            return contextlib.nullcontext()
+        original = interpreter._patch_lang_tensor
+
+        def patch_lang_tensor(tensor, scope):
+            original(tensor, scope)
+            scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+        return mock.patch.object(interpreter, "_patch_lang_tensor", patch_lang_tensor)
+
+# %%
+# Check the kernel
+# ----------------
+# The reference is SDPA in float64 on the same inputs. The kernel in float16
+# rounds ``P`` and the output to float16 (about three significant digits),
+# hence the looser tolerance there.
+
+TOLERANCE = {torch.float16: {"rtol": 2e-3, "atol": 2e-3}, torch.float32: {"rtol": 1e-4, "atol": 1e-5}}
+
+
+def check_triton_attention(batch, heads, n_queries, n_keys, head_dim, causal):
+    q, k, v = random_qkv(batch, heads, n_queries, n_keys, head_dim, KERNEL_DTYPE)
+    expected = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
+    result = triton_attention(q, k, v, causal=causal)
+    torch.testing.assert_close(result.double(), expected, **TOLERANCE[KERNEL_DTYPE])
+
+
+if HAVE_TRITON:
+    for shape in KERNEL_TEST_SHAPES:
+        for causal in (False, True):
+            check_triton_attention(*shape, causal)
+            print(f"Triton attention {shape} (batch, heads, queries, keys, d), "
+                  f"causal={causal!s:<5}: matches SDPA ({str(KERNEL_DTYPE)[6:]})")
+
+# %%
+# Predict: peak memory
+# --------------------
+# Naive attention builds the score matrix ``S = Q K^T / sqrt(d)``, then
+# ``P = softmax(S)``, then ``P V``. ``S`` and ``P`` are both alive while the
+# softmax runs. With ``BH`` (batch x heads) independent heads and ``e`` bytes
+# per element, its extra memory is
+#
+# .. math:: \text{naive} \approx 2\, BH\, N^2 e + BH\, N d\, e,
+#
+# where the second term is the output. The tiled kernel keeps its tiles on
+# chip and allocates only the output, ``BH N d e``. On a GPU we measure the
+# peak with ``torch.cuda.max_memory_allocated`` (minus what was allocated
+# before the call). On a CPU we only draw the model. PyTorch's own fused
+# attention (SDPA) is measured alongside.
+
+MEMORY_BATCH_HEADS, MEMORY_HEAD_DIM = 16, 64
+MEMORY_ELEMENT_BYTES = 2  # float16
+
+
+def naive_attention(q, k, v):
+    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def naive_bytes_model(n):
+    bh, d, e = MEMORY_BATCH_HEADS, MEMORY_HEAD_DIM, MEMORY_ELEMENT_BYTES
+    return 2 * bh * n * n * e + bh * n * d * e
+
+
+def tiled_bytes_model(n):
+    return MEMORY_BATCH_HEADS * n * MEMORY_HEAD_DIM * MEMORY_ELEMENT_BYTES
+
+
+def measured_peak_bytes(attention, n):
+    """Peak extra GPU memory of one attention call on fresh float16 inputs."""
+    q, k, v = random_qkv(1, MEMORY_BATCH_HEADS, n, n, MEMORY_HEAD_DIM, torch.float16)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = attention(q, k, v)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    del out
+    return peak
+
+
+MEMORY_CANDIDATES = {"naive (S materialised)": naive_attention,
+                     "SDPA": F.scaled_dot_product_attention}
+if HAVE_TRITON:
+    MEMORY_CANDIDATES["Triton tiled"] = triton_attention
+memory_measured = {}
+if DEVICE == "cuda":
+    memory_measured = {name: [measured_peak_bytes(fn, n) for n in MEMORY_SEQ_LENS]
+                       for name, fn in MEMORY_CANDIDATES.items()}
+
+header = f"{'N':>6} {'naive model MiB':>16} {'tiled model MiB':>16}"
+print(header + "".join(f" {name[:14] + ' MiB':>19}" for name in memory_measured))
+for i, n in enumerate(MEMORY_SEQ_LENS):
+    row = f"{n:>6} {naive_bytes_model(n) / 2**20:>16.1f} {tiled_bytes_model(n) / 2**20:>16.1f}"
+    print(row + "".join(f" {values[i] / 2**20:>19.1f}" for values in memory_measured.values()))
+
+# %%
+# Peak memory against sequence length
+# -----------------------------------
+
+fig, ax = plt.subplots(figsize=(7, 4.5))
+ax.loglog(MEMORY_SEQ_LENS, [naive_bytes_model(n) / 2**20 for n in MEMORY_SEQ_LENS], "--",
+          color="tab:red", label="model: naive, 2 BH N^2 e + BH N d e")
+ax.loglog(MEMORY_SEQ_LENS, [tiled_bytes_model(n) / 2**20 for n in MEMORY_SEQ_LENS], "--",
+          color="tab:blue", label="model: tiled, output only, BH N d e")
+for (name, values), marker in zip(memory_measured.items(), "os^"):
+    ax.loglog(MEMORY_SEQ_LENS, [b / 2**20 for b in values], marker, label=f"measured: {name}")
+ax.set_xlabel("sequence length N")
+ax.set_ylabel("peak extra memory (MiB)")
+kind = "measured and model" if memory_measured else "byte model only"
+ax.set_title(f"Attention memory, BH={MEMORY_BATCH_HEADS}, d={MEMORY_HEAD_DIM}, float16 "
+             f"({kind})\n{DEVICE_NAME}", fontsize=10)
+ax.legend(fontsize=8)
+fig.tight_layout()
+
+# %%
+# The HBM-access model of the FlashAttention paper
+# ------------------------------------------------
+# Memory size is one saving; memory *traffic* is the other. Dao et al.
+# (2022), "FlashAttention: Fast and Memory-Efficient Exact Attention with
+# IO-Awareness" (NeurIPS 2022, arXiv:2205.14135), Theorem 2, counts the
+# accesses to HBM per head. For sequence length :math:`N`, head dimension
+# :math:`d` and on-chip SRAM of :math:`M` elements (:math:`d \le M \le Nd`):
+#
+# - standard attention: :math:`\Theta(Nd + N^2)`,
+# - FlashAttention: :math:`\Theta(N^2 d^2 / M)`.
+#
+# FlashAttention reads ``K`` and ``V`` once for every block of queries. A
+# block of queries can hold about :math:`M/d` rows, so there are
+# :math:`Nd/M` blocks, each reading :math:`Nd` elements. We plot both counts
+# with the constants dropped, for the paper's A100 figure of 192 KB of SRAM
+# per SM (its Section 2.1), that is :math:`M` = 98,304 float16 elements. The
+# count is a model, not a measurement. FlashAttention wins whenever
+# :math:`d^2 \ll M`, which holds for the usual head sizes of 64 and 128.
+
+SRAM_ELEMENTS = 192 * 1024 // 2  # A100 SRAM per SM (Dao et al. 2022, Sec. 2.1), float16
+HBM_SEQ_LENS = [2**k for k in range(11, 18)]  # the theorem needs M <= N d
+
+
+def standard_hbm_accesses(n, d):
+    return n * d + n * n
+
+
+def flash_hbm_accesses(n, d, sram_elements=SRAM_ELEMENTS):
+    return n * n * d * d / sram_elements
+
+
+print(f"\n{'N':>6} {'d':>4} {'standard':>14} {'flash':>14} {'ratio':>7}   (HBM accesses, model)")
+for d in (64, 128):
+    for n in (2048, 8192, 65536):
+        standard, flash = standard_hbm_accesses(n, d), flash_hbm_accesses(n, d)
+        print(f"{n:>6} {d:>4} {standard:>14.3e} {flash:>14.3e} {standard / flash:>7.1f}")
+
+fig, ax = plt.subplots(figsize=(7, 4.5))
+for d, style in ((64, "-"), (128, ":")):
+    ax.loglog(HBM_SEQ_LENS, [standard_hbm_accesses(n, d) for n in HBM_SEQ_LENS], style,
+              color="tab:red", label=f"standard, Nd + N^2 (d={d})")
+    ax.loglog(HBM_SEQ_LENS, [flash_hbm_accesses(n, d) for n in HBM_SEQ_LENS], style,
+              color="tab:blue", label=f"FlashAttention, N^2 d^2 / M (d={d})")
+ax.set_xlabel("sequence length N")
+ax.set_ylabel("HBM accesses per head (elements, model)")
+ax.set_title(f"Model of Dao et al. 2022, Thm. 2, M = {SRAM_ELEMENTS:,} elements "
+             "(constants dropped)", fontsize=10)
+ax.legend(fontsize=8)
+fig.tight_layout()
+
+# %%
+# Speed against PyTorch's fused attention (GPU only)
+# --------------------------------------------------
+# ``F.scaled_dot_product_attention`` dispatches to a hand-tuned fused kernel
+# on a recent GPU. We time both forward passes with
+# ``triton.testing.do_bench`` on float16 inputs, without causal masking. The
+# batch is 4 with 16 heads, so that even the shortest sequence launches
+# hundreds of programs. A forward pass does ``4 BH N^2 d`` FLOPs (two
+# matmuls of ``2 N^2 d`` each per head). We report them as TFLOP/s and as a
+# fraction of this GPU's measured ``torch.matmul`` rate in float16. Our
+# target for this plain kernel is at least 60% of SDPA's speed at
+# ``N >= 4096``; the table says whether it got there.
+
+TIMING_BATCH, TIMING_HEADS = 4, 16
+TIMING_SEQ_LENS = [1024, 2048, 4096, 8192]
+TIMING_HEAD_DIMS = [64, 128]
+
+
+def matmul_tflops(n=8192):
+    a = torch.randn(n, n, device=DEVICE, dtype=torch.float16)
+    b = torch.randn(n, n, device=DEVICE, dtype=torch.float16)
+    return 2 * n**3 / triton.testing.do_bench(lambda: a @ b, return_mode="median") / 1e9
+
+
+def attention_speed(n, head_dim):
+    """(SDPA ms, Triton ms) for one non-causal float16 forward pass."""
+    q, k, v = random_qkv(TIMING_BATCH, TIMING_HEADS, n, n, head_dim, torch.float16)
+    sdpa_ms = triton.testing.do_bench(lambda: F.scaled_dot_product_attention(q, k, v),
+                                      return_mode="median")
+    triton_ms = triton.testing.do_bench(lambda: triton_attention(q, k, v), return_mode="median")
+    return sdpa_ms, triton_ms
+
+
+speed_rows = []
+if DEVICE == "cuda" and HAVE_TRITON:
+    MATMUL_TFLOPS = matmul_tflops()
+    print(f"\nfloat16 torch.matmul ceiling: {MATMUL_TFLOPS:.0f} TFLOP/s")
+    print(f"{'d':>4} {'N':>6} {'SDPA ms':>8} {'Triton ms':>10} {'SDPA TF/s':>10} "
+          f"{'Triton TF/s':>12} {'Triton % mm':>12} {'Triton/SDPA':>12}")
+    for head_dim in TIMING_HEAD_DIMS:
+        for n in TIMING_SEQ_LENS:
+            sdpa_ms, triton_ms = attention_speed(n, head_dim)
+            flops = 4 * TIMING_BATCH * TIMING_HEADS * n * n * head_dim
+            sdpa_tf, triton_tf = flops / sdpa_ms / 1e9, flops / triton_ms / 1e9
+            speed_rows.append((head_dim, n, sdpa_tf, triton_tf))
+            print(f"{head_dim:>4} {n:>6} {sdpa_ms:>8.3f} {triton_ms:>10.3f} {sdpa_tf:>10.1f} "
+                  f"{triton_tf:>12.1f} {100 * triton_tf / MATMUL_TFLOPS:>11.1f}% "
+                  f"{triton_tf / sdpa_tf:>11.2f}x")
+    long_fractions = [t / s for d, n, s, t in speed_rows if n >= 4096]
+    verdict = "meets" if min(long_fractions) >= 0.6 else "misses"
+    print(f"Triton speed / SDPA speed at N >= 4096: min {min(long_fractions):.2f}, "
+          f"max {max(long_fractions):.2f} ({verdict} the 0.60 target)")
+else:
+    print("\nNo CUDA GPU with Triton here: the speed comparison is skipped.")
+
+if speed_rows:
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for head_dim, style in zip(TIMING_HEAD_DIMS, ("-", "--")):
+        rows = [r for r in speed_rows if r[0] == head_dim]
+        ax.plot([r[1] for r in rows], [r[2] for r in rows], "o" + style, color="tab:gray",
+                label=f"SDPA, d={head_dim}")
+        ax.plot([r[1] for r in rows], [r[3] for r in rows], "s" + style, color="tab:blue",
+                label=f"Triton tiled, d={head_dim}")
+    ax.axhline(MATMUL_TFLOPS, color="tab:red", ls=":", label="float16 torch.matmul (measured)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("sequence length N")
+    ax.set_ylabel("throughput (TFLOP/s)")
+    ax.set_title(f"Attention forward, float16, batch {TIMING_BATCH} x {TIMING_HEADS} heads"
+                 f"\n{DEVICE_NAME}", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+
+# %%
+# Read the result
+# ---------------
+# **Correctness.** The online softmax, the PyTorch tiled attention and the
+# Triton kernel all reproduce PyTorch's results on sequence lengths that are
+# not multiples of any block size, with and without causal masking. The
+# algorithm is exact: only the order of the floating-point additions
+# changes, and the checks prove it.
+#
+# **Memory.** The naive curve grows as :math:`N^2`, the tiled one as
+# :math:`N`. At a long context the score matrices alone need gigabytes per
+# layer; training also keeps them for the backward pass. FlashAttention's
+# backward recomputes them block by block from ``Q``, ``K``, ``V`` and the
+# saved row statistics instead. On a GPU the table sets the measured peaks
+# beside the two models. A fused kernel, ours or the one behind SDPA, should
+# follow the linear line.
+#
+# **Traffic and speed.** The access-count model explains why the fused
+# kernel is also faster: for ``d = 64`` it moves about ``M / d^2`` times
+# fewer bytes. That factor is smaller for ``d = 128``, where each query block
+# holds fewer rows. The remaining gap to SDPA (table above) comes from
+# engineering this kernel leaves out. Production kernels overlap loads with
+# compute through warp specialisation and asynchronous copies (TMA on
+# Hopper), skip the masks on interior blocks, and tune the tile sizes per
+# GPU. FlashAttention-2 and -3 are those steps. On a CPU the interpreter runs
+# each program as NumPy code, so its timings would measure Python rather than
+# the algorithm; there the page shows correctness and the models only.
+#
+# The memory and speed measurements lean on
+# :ref:`sphx_glr_auto_examples_lecture05_gpus_05_precision_and_coalescing.py`
+# (float16 halves the bytes) and on the roofline of
+# :ref:`sphx_glr_auto_examples_lecture05_gpus_01_roofline.py`.
+
+KEY_FIGURES = {
+    "device": DEVICE_NAME,
+    "naive_over_tiled_memory_model_at_max_N": naive_bytes_model(MEMORY_SEQ_LENS[-1])
+    / tiled_bytes_model(MEMORY_SEQ_LENS[-1]),
+}
+if memory_measured:
+    for name, values in memory_measured.items():
+        KEY_FIGURES[f"peak_MiB_{name.split()[0]}_N{MEMORY_SEQ_LENS[-1]}"] = values[-1] / 2**20
+for head_dim, n, sdpa_tf, triton_tf in speed_rows:
+    if n >= 4096:
+        KEY_FIGURES[f"triton_over_sdpa_d{head_dim}_N{n}"] = triton_tf / sdpa_tf
+    if n == TIMING_SEQ_LENS[-1]:
+        KEY_FIGURES[f"triton_TFLOPps_d{head_dim}_N{n}"] = triton_tf
+        KEY_FIGURES[f"sdpa_TFLOPps_d{head_dim}_N{n}"] = sdpa_tf

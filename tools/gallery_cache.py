@@ -1,0 +1,122 @@
+"""Keep executed gallery outputs, keyed by each example's content hash, and bring them back.
+
+A build on the GPU machine executes every example; ``save`` copies each
+example's outputs (its page, figures, downloads, provenance record and
+artefacts) into ``gallery-cache/<lecture>/<stem>/``, with the SHA-256 of the
+source they came from. Before a later build, on any machine, ``restore`` puts
+back every entry whose hash still matches its example, so sphinx-gallery finds
+those outputs current and executes only the examples that changed. Each page
+keeps the provenance note of the machine that really executed it.
+
+    python tools/gallery_cache.py save      # after a build: keep its outputs
+    python tools/gallery_cache.py restore   # before a build: reuse what still matches
+    python tools/gallery_cache.py status    # which entries match the sources
+"""
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+GENERATED = REPO / "source" / "auto_examples"
+DEFAULT_CACHE = REPO / "gallery-cache"
+EXAMPLES = sorted(REPO.glob("examples/lecture*/[0-9][0-9]_*.py"))
+
+
+def source_hash(example):
+    return hashlib.sha256(example.read_bytes()).hexdigest()
+
+
+def generated_files(gallery, stem):
+    """Everything sphinx-gallery and our runner wrote for one example, relative to its gallery."""
+    patterns = [f"{stem}.*", f"images/sphx_glr_{stem}_*.png", f"images/thumb/sphx_glr_{stem}_thumb.*",
+                f"provenance/{stem}.json", f"artifacts/{stem}/*"]
+    found = (path for pattern in patterns for path in gallery.glob(pattern))
+    return sorted(p.relative_to(gallery) for p in found if p.is_file())
+
+
+def outputs_are_current(gallery, example):
+    """True when the gallery holds outputs executed from this very source."""
+    md5_file = gallery / f"{example.name}.md5"
+    executed = (gallery / "provenance" / f"{example.stem}.json").is_file()
+    if not (md5_file.is_file() and executed):
+        return False
+    text = example.read_text(encoding="utf-8")
+    return md5_file.read_text().strip() == hashlib.md5(text.encode("utf-8")).hexdigest()
+
+
+def save(cache):
+    saved = 0
+    for example in EXAMPLES:
+        gallery = GENERATED / example.parent.name
+        if not outputs_are_current(gallery, example):
+            print(f"skip     {example.name}: no current executed outputs")
+            continue
+        entry = cache / example.parent.name / example.stem
+        shutil.rmtree(entry, ignore_errors=True)
+        for name in generated_files(gallery, example.stem):
+            (entry / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(gallery / name, entry / name)
+        record = json.loads((gallery / "provenance" / f"{example.stem}.json").read_text())
+        (entry / "CACHE.json").write_text(json.dumps(
+            {"source_sha256": source_hash(example), "device": record["device"]}, indent=2) + "\n")
+        saved += 1
+        print(f"saved    {example.name} ({record['device']})")
+    return saved
+
+
+def matching_entry(cache, example):
+    entry = cache / example.parent.name / example.stem
+    key = entry / "CACHE.json"
+    if key.is_file() and json.loads(key.read_text())["source_sha256"] == source_hash(example):
+        return entry
+    return None
+
+
+def restore(cache):
+    restored = 0
+    for example in EXAMPLES:
+        gallery = GENERATED / example.parent.name
+        entry = matching_entry(cache, example)
+        if entry is None or outputs_are_current(gallery, example):
+            continue
+        for path in entry.rglob("*"):
+            if path.is_file() and path.name != "CACHE.json":
+                target = gallery / path.relative_to(entry)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, target)
+        restored += 1
+        print(f"restored {example.name} from the gallery cache")
+    return restored
+
+
+def status(cache):
+    for example in EXAMPLES:
+        entry = matching_entry(cache, example)
+        if entry is None:
+            print(f"stale or missing  {example.parent.name}/{example.name}")
+        else:
+            device = json.loads((entry / "CACHE.json").read_text())["device"]
+            print(f"current           {example.parent.name}/{example.name}  ({device})")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=["save", "restore", "status"])
+    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    args = parser.parse_args()
+    if args.command == "save":
+        print(f"{save(args.cache)} of {len(EXAMPLES)} examples saved to {args.cache}")
+    elif args.command == "restore":
+        if args.cache.is_dir():
+            print(f"{restore(args.cache)} examples restored from {args.cache}")
+    else:
+        status(args.cache)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
