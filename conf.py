@@ -39,7 +39,9 @@ extensions = [
     "sphinxext.opengraph",
     "sphinx_sitemap",
     "notfound.extension",
+    "katex_math",
 ]
+html_math_renderer = "katex"
 myst_enable_extensions = ["colon_fence", "dollarmath", "amsmath", "deflist", "attrs_inline"]
 myst_heading_anchors = 3
 exclude_patterns = ["_build", "**/provenance", "**/artifacts", "**.ipynb", "**.md5"]
@@ -86,8 +88,6 @@ ogp_enable_meta_description = True
 ogp_social_cards = {"enable": False}
 ogp_image = "_static/favicon.svg"
 html_favicon = "_static/favicon.svg"
-# MathJax is served from the site itself: nothing is fetched from a CDN.
-mathjax_path = "vendor/mathjax/tex-chtml-full.js"
 copybutton_exclude = ".linenos, .gp, .go"
 
 # -- Look ------------------------------------------------------------------------

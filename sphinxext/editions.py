@@ -6,10 +6,19 @@
 * sphinx-gallery's running-time line changes on every execution. As a
   translatable paragraph it would churn the catalogs, so it becomes raw HTML,
   translated here.
+* Gallery thumbnails carry the example's title and introduction as raw HTML,
+  which gettext never sees. They are translated here from the examples' own
+  catalogs, so they need no messages of their own.
 """
 
+import html
 import re
+from pathlib import Path
 from urllib.parse import urlsplit
+
+from babel.messages.pofile import read_po
+from docutils import nodes
+from sphinx_gallery.gen_rst import _sanitize_rst
 
 EDITIONS = {"en": "English", "zh_CN": "简体中文"}
 
@@ -50,7 +59,44 @@ def place_absolute_urls_in_this_edition(app, config):
     config.ogp_site_url = f"{config.html_baseurl.rstrip('/')}/{config.language}/"
 
 
+THUMBNAIL_TEXT = re.compile(r'(tooltip=")([^"]*)(")|(sphx-glr-thumbnail-title">)([^<]*)(<)')
+
+
+def load_gallery_translations(app):
+    """Title and introduction of every example, English to this edition's language."""
+    app.env.course_thumbnail_text = {}
+    if app.config.language == "en":
+        return
+    for folder in app.config.locale_dirs:
+        catalogs = Path(app.srcdir, folder, app.config.language, "LC_MESSAGES", "auto_examples")
+        for po_file in catalogs.rglob("*.po"):
+            with open(po_file, "rb") as f:
+                for message in read_po(f):
+                    if message.id and message.string and not message.fuzzy:
+                        app.env.course_thumbnail_text[_sanitize_rst(message.id)] = (
+                            _sanitize_rst(message.string))
+
+
+def translate_thumbnails(app, doctree, docname):
+    translations = getattr(app.env, "course_thumbnail_text", {})
+    if not translations:
+        return
+
+    def translate(match):
+        groups = [g for g in match.groups() if g is not None]
+        before, text, after = groups
+        english = html.unescape(text)
+        return before + html.escape(translations.get(english, english)) + after
+
+    for raw in list(doctree.findall(nodes.raw)):
+        if "sphx-glr-thumb" in raw.astext():
+            raw.replace_self(nodes.raw("", THUMBNAIL_TEXT.sub(translate, raw.astext()),
+                                       format=raw.get("format", "html")))
+
+
 def setup(app):
+    app.connect("builder-inited", load_gallery_translations)
+    app.connect("doctree-resolved", translate_thumbnails)
     app.connect("config-inited", place_absolute_urls_in_this_edition)
     app.connect("source-read", running_time_as_raw_html)
     app.connect("html-page-context", add_editions_to_context)

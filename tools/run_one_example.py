@@ -39,9 +39,9 @@ def run(path):
 
 
 def _plain(figures):
-    """Numbers rounded, everything else as text, so the report is JSON."""
+    """Numbers to four significant digits, everything else as text, so the report is JSON."""
     return {
-        str(k): round(float(v), 4) if isinstance(v, (int, float)) else str(v)
+        str(k): float(f"{v:.4g}") if isinstance(v, (int, float)) else str(v)
         for k, v in figures.items()
     }
 

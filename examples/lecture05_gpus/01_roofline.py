@@ -339,3 +339,21 @@ del OPERATIONS  # frees the large tensors the timed functions hold
 # memory-bound operations gain and compute-bound ones do not. Fusing
 # elementwise operations, which removes bytes rather than FLOPs, is the
 # subject of :ref:`sphx_glr_auto_examples_lecture05_gpus_03_fusion.py`.
+
+# %%
+# Key figures
+# -----------
+# The numbers this example exists to measure, collected for the course's GPU check.
+
+fraction_of_roofline = {row["name"]: row["fraction"] for row in results}
+KEY_FIGURES = {
+    "device": DEVICE_NAME,
+    "dtype": str(DTYPE).removeprefix("torch."),
+    "copy_GBps": THIS_MACHINE["bandwidth"] / 1e9,
+    "matmul_TFLOPps": THIS_MACHINE["peak_flops"] / 1e12,
+    "ridge_FLOP_per_byte": ridge_point(THIS_MACHINE),
+    "relu_fraction_of_roofline": fraction_of_roofline["ReLU"],
+    "gelu_fraction_of_roofline": fraction_of_roofline["GeLU (tanh)"],
+    "softmax_fraction_of_roofline": fraction_of_roofline["softmax"],
+    "thin_matmul_fraction_of_roofline": fraction_of_roofline["matmul {}x{}x{}".format(*MATMUL_SHAPES[0])],
+}

@@ -258,3 +258,25 @@ fig.tight_layout()
 # larger. The roofline of
 # :ref:`sphx_glr_auto_examples_lecture05_gpus_01_roofline.py` gives the
 # ceiling these rates are measured against.
+
+# %%
+# Key figures
+# -----------
+# The numbers this example exists to measure, collected for the course's GPU check.
+
+best_size = max(tflops, key=tflops.get)
+KEY_FIGURES = {
+    "device": DEVICE_NAME,
+    "dtype": str(DTYPE).removeprefix("torch."),
+    "best_TFLOPps": tflops[best_size],
+    "best_size": best_size,
+    "aligned_64_median_TFLOPps": class_median[64],
+    "odd_over_aligned_64_median_rate": class_median[1] / class_median[64],
+    "model_first_two_wave_size": boundary,
+}
+if full_wave_rate is not None:
+    KEY_FIGURES["full_wave_rate_fitted_TFLOPps"] = full_wave_rate
+    KEY_FIGURES["fine_sizes_best_TFLOPps"] = max(fine_tflops.values())
+    before_step, after_step = WAVE_STEPS[0]
+    KEY_FIGURES[f"wave_step_rate_n{after_step}_over_n{before_step}"] = (
+        fine_tflops[after_step] / fine_tflops[before_step])

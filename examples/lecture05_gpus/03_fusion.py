@@ -372,3 +372,25 @@ del x, weight, x_grad, grad_output, reference_grad, fused
 # such fused kernels by hand in Triton; the roofline in
 # :ref:`sphx_glr_auto_examples_lecture05_gpus_01_roofline.py` says why they
 # pay off.
+
+# %%
+# Key figures
+# -----------
+# The numbers this example exists to measure, collected for the course's GPU check.
+
+CHAIN_KEY_NAMES = {"sin^2 + cos^2": "sin2_cos2", "GeLU (tanh)": "gelu", "RMSNorm": "rmsnorm"}
+row_of = {(row["chain"], row["version"]): row for row in rows}
+KEY_FIGURES = {"device": DEVICE_NAME, "copy_GBps": COPY_BANDWIDTH / 1e9}
+for chain, key_name in CHAIN_KEY_NAMES.items():
+    eager_row = row_of[chain, "eager"]
+    KEY_FIGURES[f"{key_name}_eager_fraction_of_copy_bw"] = eager_row["bandwidth"] / COPY_BANDWIDTH
+    KEY_FIGURES[f"{key_name}_eager_kernels"] = eager_row["kernels"]
+    if (chain, "compiled") in row_of:
+        compiled_row = row_of[chain, "compiled"]
+        KEY_FIGURES[f"{key_name}_compiled_fraction_of_copy_bw"] = (
+            compiled_row["bandwidth"] / COPY_BANDWIDTH)
+        KEY_FIGURES[f"{key_name}_compiled_kernels"] = compiled_row["kernels"]
+        KEY_FIGURES[f"{key_name}_speedup"] = eager_row["seconds"] / compiled_row["seconds"]
+store_row, recompute_row = memory_rows
+KEY_FIGURES["gelu_backward_recompute_over_store_time"] = recompute_row["seconds"] / store_row["seconds"]
+KEY_FIGURES["gelu_backward_recompute_over_store_memory"] = recompute_row["saved"] / store_row["saved"]

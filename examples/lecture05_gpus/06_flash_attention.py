@@ -22,11 +22,9 @@ skipped.
 # -----
 # On a CPU, ``TRITON_INTERPRET=1`` must be set before Triton is imported.
 
-import contextlib
 import math
 import os
 import platform
-from unittest import mock
 
 import matplotlib.pyplot as plt
 import torch
@@ -182,11 +180,10 @@ for n_queries, n_keys, causal in [(77, 193, False), (193, 193, True), (77, 193, 
 # mode the loop stops at the last key block the query block can see, which
 # halves the work.
 #
-# One practical note: Triton 3.6's interpreter cannot use a runtime value as
-# a loop bound under NumPy 2.4 or newer (a scalar argument is a one-element
-# array there, and NumPy no longer converts those with ``int()``). On a CPU
-# the launch therefore runs with the interpreter patched for its duration
-# only. The kernel and the compiled GPU path are unchanged.
+# One practical note for CPUs: with NumPy 2.4 or newer, Triton 3.6's
+# interpreter cannot use a runtime value as a loop bound, as the key loop does
+# (triton-lang/triton issue 9171). The compiled GPU path is unaffected. The
+# course pins NumPy 2.3; elsewhere the check below says why it stops.
 
 if HAVE_TRITON:
 
@@ -248,28 +245,13 @@ if HAVE_TRITON:
         else:  # the interpreter: small tiles keep it quick
             block_m, block_n, launch = 16, 32, {}
         grid = (triton.cdiv(n_queries, block_m), batch * heads)
-        with interpreter_loop_fix():
-            flash_attention_kernel[grid](
-                q3, k3, v3, out,
-                q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
-                v3.stride(0), v3.stride(1), out.stride(0), out.stride(1),
-                n_queries, n_keys, head_dim ** -0.5 * math.log2(math.e),
-                HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, IS_CAUSAL=causal, **launch)
+        flash_attention_kernel[grid](
+            q3, k3, v3, out,
+            q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
+            v3.stride(0), v3.stride(1), out.stride(0), out.stride(1),
+            n_queries, n_keys, head_dim ** -0.5 * math.log2(math.e),
+            HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, IS_CAUSAL=causal, **launch)
         return out.view(batch, heads, n_queries, head_dim)
-
-    def interpreter_loop_fix():
-        """Let the CPU interpreter loop up to a runtime bound (Triton 3.6 with NumPy >= 2.4)."""
-        from triton.runtime import interpreter
-
-        if DEVICE == "cuda" or not hasattr(interpreter, "_patch_lang_tensor"):
-            return contextlib.nullcontext()
-        original = interpreter._patch_lang_tensor
-
-        def patch_lang_tensor(tensor, scope):
-            original(tensor, scope)
-            scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-        return mock.patch.object(interpreter, "_patch_lang_tensor", patch_lang_tensor)
 
 # %%
 # Check the kernel
@@ -288,12 +270,23 @@ def check_triton_attention(batch, heads, n_queries, n_keys, head_dim, causal):
     torch.testing.assert_close(result.double(), expected, **TOLERANCE[KERNEL_DTYPE])
 
 
+def interpreter_cannot_loop(error):
+    return DEVICE != "cuda" and "0-dimensional arrays" in str(error)
+
+
 if HAVE_TRITON:
-    for shape in KERNEL_TEST_SHAPES:
-        for causal in (False, True):
-            check_triton_attention(*shape, causal)
-            print(f"Triton attention {shape} (batch, heads, queries, keys, d), "
-                  f"causal={causal!s:<5}: matches SDPA ({str(KERNEL_DTYPE)[6:]})")
+    try:
+        for shape in KERNEL_TEST_SHAPES:
+            for causal in (False, True):
+                check_triton_attention(*shape, causal)
+                print(f"Triton attention {shape} (batch, heads, queries, keys, d), "
+                      f"causal={causal!s:<5}: matches SDPA ({str(KERNEL_DTYPE)[6:]})")
+    except Exception as error:  # only the known interpreter bug is excused below
+        if not interpreter_cannot_loop(error):
+            raise
+        HAVE_TRITON = False
+        print("Skipped the interpreted Triton kernel: this NumPy breaks Triton's interpreter on "
+              "runtime loop bounds (triton-lang/triton#9171); use numpy<2.4.")
 
 # %%
 # Predict: peak memory

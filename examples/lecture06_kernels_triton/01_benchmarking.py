@@ -383,3 +383,17 @@ fig.tight_layout()
 # looks inside a call to see which kernels ran.
 
 del demo_matmul
+
+# %%
+# Key figures
+# -----------
+# The numbers this example exists to measure, collected for the course's GPU check.
+
+KEY_FIGURES = {
+    "device": DEVICE_NAME,
+    "demo_matmul_median_ms": ms(right_median),
+    "unsynchronised_over_synchronised_time": statistics.median(wrong_times[1:]) / right_median,
+    "overhead_floor_us": 1e6 * overhead_floor,
+}
+for dtype, rate in best_rate.items():
+    KEY_FIGURES[f"best_matmul_TFLOPps_{dtype_name(dtype)}"] = float(rate)

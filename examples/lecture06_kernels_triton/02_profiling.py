@@ -366,3 +366,21 @@ print(f"trace: {trace_path} ({trace_path.stat().st_size / 1024:.1f} KiB)")
 # :ref:`sphx_glr_auto_examples_lecture06_kernels_triton_01_benchmarking.py`.
 
 del x, y, check, small_x
+
+# %%
+# Key figures
+# -----------
+# The numbers this example exists to measure, collected for the course's GPU check.
+
+KEY_FIGURES = {
+    "device": DEVICE_NAME,
+    "launched_per_call_hand_gelu": launches_per_call(hand_gelu_profile),
+    "launched_per_call_F_gelu": launches_per_call(library_gelu_profile),
+    "launched_per_call_hand_softmax": launches_per_call(hand_softmax_profile),
+    "launched_per_call_F_softmax": launches_per_call(library_softmax_profile),
+    "gelu_hand_us": gelu_totals["hand-written"],
+    "gelu_F_gelu_us": gelu_totals["F.gelu"],
+    "gelu_hand_over_F_gelu_time": gelu_totals["hand-written"] / gelu_totals["F.gelu"],
+}
+if DEVICE == "cuda":
+    KEY_FIGURES["matmul_same_kernels_small_and_large"] = "yes" if same else "no"

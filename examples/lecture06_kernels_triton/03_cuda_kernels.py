@@ -363,3 +363,24 @@ fig.tight_layout()
 # and launch details for us.
 
 del x_timed
+
+# %%
+# Key figures
+# -----------
+# The numbers this example exists to measure, collected for the course's GPU check.
+
+gelu_bytes = FUSED_VALUES_MOVED * 4 * N_TIMED  # float32 in and out
+copy_gbs = gelu_bytes / floor_time / 1e9
+KEY_FIGURES = {
+    "device": DEVICE_NAME,
+    "backend": f"none ({skip_reason})",
+    "copy_GBps": copy_gbs,
+    "F_gelu_GBps": gelu_bytes / times["F.gelu (tanh)"] / 1e9,
+    "manual_over_F_gelu_time": times["manual PyTorch"] / times["F.gelu (tanh)"],
+}
+if gelu_extension is not None:
+    ours_seconds = times["ours, CUDA" if DEVICE == "cuda" else "ours, C++ loop"]
+    KEY_FIGURES["backend"] = "CUDA" if DEVICE == "cuda" else "C++"
+    KEY_FIGURES["ours_gelu_GBps"] = gelu_bytes / ours_seconds / 1e9
+    KEY_FIGURES["ours_gelu_fraction_of_copy_bw"] = KEY_FIGURES["ours_gelu_GBps"] / copy_gbs
+    KEY_FIGURES["manual_over_ours_time"] = times["manual PyTorch"] / ours_seconds

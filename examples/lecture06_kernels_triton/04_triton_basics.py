@@ -452,3 +452,19 @@ fig.tight_layout()
 
 # sphinx_gallery_thumbnail_number = 2
 del x_check, x_timed
+
+# %%
+# Key figures
+# -----------
+# The numbers this example exists to measure, collected for the course's GPU check.
+
+KEY_FIGURES = {"device": DEVICE_NAME, "copy_GBps": COPY_GBS}
+if HAVE_TRITON and ON_GPU:
+    KEY_FIGURES["add_best_GBps"] = max(triton_gbs)
+    KEY_FIGURES["add_best_fraction_of_copy_bw"] = max(triton_gbs) / COPY_GBS
+    KEY_FIGURES["add_best_BLOCK_SIZE"] = BLOCK_SIZES[triton_gbs.index(max(triton_gbs))]
+    KEY_FIGURES["add_best_over_torch_add"] = max(triton_gbs) / torch_gbs
+GELU_KEY_NAMES = {"manual PyTorch": "manual", "F.gelu": "F_gelu", "torch.compile": "compiled",
+                  "Triton": "triton", "CUDA": "cuda"}
+for name, ms in gelu_ms.items():
+    KEY_FIGURES[f"gelu_{GELU_KEY_NAMES[name]}_fraction_of_copy_bw"] = floor_ms / ms

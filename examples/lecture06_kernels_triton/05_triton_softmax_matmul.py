@@ -606,3 +606,30 @@ else:
 # smaller ``K`` is. On a CPU, the figure shows what PyTorch's float32 matmul
 # gets from the cores of this machine; the Triton kernel ran there only to
 # show that it is correct.
+
+# %%
+# Key figures
+# -----------
+# The numbers this example exists to measure, collected for the course's GPU check.
+
+KEY_SOFTMAX_COLS = 4096 if DEVICE == "cuda" else 2048
+softmax_at_key = {name: gbs[SOFTMAX_COLS.index(KEY_SOFTMAX_COLS)] for name, gbs in softmax_gbs.items()}
+largest = MATMUL_SIZES[-1]
+KEY_FIGURES = {
+    "device": device_name(),
+    "copy_GBps": COPY_GBS,
+    f"softmax_torch_N{KEY_SOFTMAX_COLS}_GBps": softmax_at_key["torch.softmax"],
+    f"softmax_naive_N{KEY_SOFTMAX_COLS}_fraction_of_copy_bw": softmax_at_key["naive (5 ops)"] / COPY_GBS,
+    f"matmul_torch_{largest}_TFLOPps": matmul_tflops["torch.matmul"][-1],
+    "matmul_dtype": str(MATMUL_DTYPE).removeprefix("torch."),
+}
+if "Triton fused" in softmax_at_key:
+    triton_gbs = softmax_at_key["Triton fused"]
+    KEY_FIGURES[f"softmax_triton_N{KEY_SOFTMAX_COLS}_GBps"] = triton_gbs
+    KEY_FIGURES[f"softmax_triton_N{KEY_SOFTMAX_COLS}_fraction_of_copy_bw"] = triton_gbs / COPY_GBS
+    KEY_FIGURES[f"softmax_triton_over_torch_N{KEY_SOFTMAX_COLS}"] = (
+        triton_gbs / softmax_at_key["torch.softmax"])
+if "Triton" in matmul_tflops:
+    KEY_FIGURES[f"matmul_triton_{largest}_TFLOPps"] = matmul_tflops["Triton"][-1]
+    KEY_FIGURES[f"matmul_triton_fraction_of_torch_{largest}"] = (
+        matmul_tflops["Triton"][-1] / matmul_tflops["torch.matmul"][-1])
