@@ -21,6 +21,19 @@ from docutils import nodes
 from sphinx_gallery.gen_rst import _sanitize_rst
 
 EDITIONS = {"en": "English", "zh_CN": "简体中文"}
+SITE_TITLE = {"en": "GPU Programming for LLMs", "zh_CN": "面向大语言模型的 GPU 编程"}
+# Strings that come from configuration rather than from a template or a page.
+CONFIGURED_TEXT = {
+    "zh_CN": {
+        "copyright": "2026，课程作者",
+        "search_bar_text": "搜索文档……",
+        "notfound_context": {
+            "title": "找不到页面",
+            "body": "<h1>找不到页面</h1>\n\n抱歉，这里没有你要找的内容。"
+                    "请从导航栏回到课程讲义，或使用搜索。",
+        },
+    },
+}
 
 RUNNING_TIME = re.compile(
     r"^( *)\*\*Total running time of the script:\*\* \((\d+) minutes ([\d.]+) seconds\)$",
@@ -45,6 +58,7 @@ def running_time_as_raw_html(app, docname, source):
 
 def add_editions_to_context(app, pagename, templatename, context, doctree):
     context["editions"] = EDITIONS
+    context["this_edition"] = app.config.language
     context["edition_root"] = "../" * (pagename.count("/") + 1)
 
 
@@ -57,6 +71,18 @@ def place_absolute_urls_in_this_edition(app, config):
     base_path = urlsplit(config.html_baseurl).path.rstrip("/")
     config.notfound_urls_prefix = f"{base_path}/{config.language}/"
     config.ogp_site_url = f"{config.html_baseurl.rstrip('/')}/{config.language}/"
+
+
+def name_the_site_in_this_edition(app, config):
+    config.html_title = SITE_TITLE.get(config.language, config.html_title)
+    config.project = config.html_title
+    config.ogp_site_name = config.html_title
+    text = CONFIGURED_TEXT.get(config.language)
+    if text:
+        config.copyright = text["copyright"]
+        config.html_theme_options = {**config.html_theme_options,
+                                     "search_bar_text": text["search_bar_text"]}
+        config.notfound_context = text["notfound_context"]
 
 
 THUMBNAIL_TEXT = re.compile(r'(tooltip=")([^"]*)(")|(sphx-glr-thumbnail-title">)([^<]*)(<)')
@@ -98,6 +124,7 @@ def setup(app):
     app.connect("builder-inited", load_gallery_translations)
     app.connect("doctree-resolved", translate_thumbnails)
     app.connect("config-inited", place_absolute_urls_in_this_edition)
+    app.connect("config-inited", name_the_site_in_this_edition)
     app.connect("source-read", running_time_as_raw_html)
     app.connect("html-page-context", add_editions_to_context)
     return {"parallel_read_safe": True, "version": "1"}
