@@ -40,6 +40,8 @@ extensions = [
     "sphinx_sitemap",
     "notfound.extension",
     "katex_math",
+    "sphinx.ext.intersphinx",
+    "sphinx_codeautolink",
 ]
 html_math_renderer = "katex"
 myst_enable_extensions = ["colon_fence", "dollarmath", "amsmath", "deflist", "attrs_inline"]
@@ -74,6 +76,19 @@ sphinx_gallery_conf = {
     "default_thumb_file": None,
     "write_computation_times": False,
 }
+
+# -- Code that links ---------------------------------------------------------------
+# Names in the examples' code link to the PyTorch and Triton API reference. The
+# inventories are generated offline from the names the examples use
+# (tools/make_inventories.py), so the build fetches nothing.
+intersphinx_mapping = {
+    "torch": ("https://docs.pytorch.org/docs/stable/", str(HERE / "inventories" / "torch.inv")),
+    "triton": ("https://triton-lang.org/main/", str(HERE / "inventories" / "triton.inv")),
+}
+codeautolink_concat_default = True  # an example's imports hold in all its later code blocks
+# sphinx-gallery links most names itself; codeautolink adds decorators such as
+# @triton.jit and warns once for every name already linked.
+suppress_warnings.append("codeautolink.match_name")
 
 # -- Publishing ------------------------------------------------------------------
 # Where the site is hosted, for absolute URLs (sitemap, OpenGraph, 404 page;

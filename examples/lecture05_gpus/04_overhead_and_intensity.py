@@ -61,7 +61,7 @@ def cpu_model_name():
 
 
 if DEVICE == "cuda":
-    DEVICE_NAME = torch.cuda.get_DEVICE_NAME
+    DEVICE_NAME = torch.cuda.get_device_name()
 else:
     DEVICE_NAME = f"{cpu_model_name()} CPU, {torch.get_num_threads()} threads"
 
