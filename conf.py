@@ -111,6 +111,7 @@ html_title = "GPU Programming for LLMs"
 html_static_path = ["_static"]
 templates_path = ["_templates"]
 html_css_files = ["course.css"]
+html_js_files = [("course.js", {"defer": "defer"})]
 html_theme_options = {
     "navbar_align": "left",
     "show_toc_level": 2,

@@ -12,14 +12,16 @@ from tools.site_build import EXAMPLES, copy_checkout, make
 def report(label, result):
     if result.returncode != 0:
         raise SystemExit(f"{label} failed:\n{result.log[-4000:]}")
-    print(f"{label:<28} {result.seconds:8.1f} s   examples executed: {result.examples_executed}")
+    per_edition = ", ".join(f"{k}: {v}" for k, v in result.examples_executed_per_edition.items())
+    print(f"{label:<36} {result.seconds:8.1f} s   examples executed: {result.examples_executed}"
+          f" ({per_edition})")
 
 
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         checkout = copy_checkout(tmp)
         print(f"{len(EXAMPLES)} examples\n")
-        report("clean build", make(checkout, "html"))
+        report("clean build", make(checkout, "html-fresh"))
         report("no-op rebuild", make(checkout, "html"))
         edited = checkout / EXAMPLES[0].relative_to(EXAMPLES[0].parents[2])
         edited.write_text(edited.read_text() + "\n# edited by the benchmark\n")

@@ -3,6 +3,7 @@
 import functools
 import http.server
 import shutil
+import sys
 import threading
 from pathlib import Path
 
@@ -46,9 +47,17 @@ class PrefixedSiteHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+class QuietServer(http.server.ThreadingHTTPServer):
+    """A client that hangs up early (a crawler that has seen enough) is no error of the site."""
+
+    def handle_error(self, request, client_address):
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 def serve(site_root):
     """Start a loopback server; returns (server, base URL ending in PREFIX)."""
     handler = functools.partial(PrefixedSiteHandler, site_root=site_root)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = QuietServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}{PREFIX}"

@@ -4,6 +4,7 @@ import os
 from pathlib import Path
 
 import pytest
+from browser import serve
 
 from tools.site_build import copy_checkout, make
 
@@ -25,3 +26,13 @@ def site(tmp_path_factory):
     if result.returncode != 0:
         pytest.fail(f"make html failed:\n{result.log[-6000:]}")
     return checkout, result
+
+
+@pytest.fixture(scope="session")
+def served(site):
+    """Both editions on a loopback server, under a path prefix: (site root, base URL)."""
+    checkout, _ = site
+    root = checkout / "_build" / "html"
+    server, base = serve(root)
+    yield root, base
+    server.shutdown()

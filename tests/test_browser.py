@@ -9,7 +9,7 @@ from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
 import pytest
-from browser import CHROMIUM, CHROMIUM_ARGS, chromium_available, serve
+from browser import CHROMIUM, CHROMIUM_ARGS, chromium_available
 
 from tools.site_build import REPO
 
@@ -28,15 +28,6 @@ def site_pages(site_root):
     en = sorted(p.relative_to(site_root / "en").as_posix() for p in (site_root / "en").rglob("*.html")
                 if "_static" not in p.parts and "_sources" not in p.parts)
     return [(edition, page) for edition in EDITIONS for page in en]
-
-
-@pytest.fixture(scope="session")
-def served(site):
-    checkout, _ = site
-    root = checkout / "_build" / "html"
-    server, base = serve(root)
-    yield root, base
-    server.shutdown()
 
 
 @pytest.fixture(scope="session")

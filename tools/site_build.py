@@ -25,10 +25,21 @@ class BuildResult:
 
     @property
     def examples_executed(self):
-        """How many examples sphinx-gallery executed in this build, over all galleries."""
-        counts = re.findall(r"successfully executed (\d+) out of", self.log)
-        failed = re.findall(r"Unexpected failing examples \((\d+)\)", self.log)
-        return sum(map(int, counts)) + sum(map(int, failed))
+        """How many examples sphinx-gallery executed in this build, over all editions."""
+        return sum(self.examples_executed_per_edition.values())
+
+    @property
+    def examples_executed_per_edition(self):
+        """Examples executed while each edition was built (``make html`` marks them "== en edition")."""
+        parts = re.split(r"^== (\S+) edition$", self.log, flags=re.MULTILINE)
+        sections = dict(zip(parts[1::2], parts[2::2])) or {"all": self.log}
+        return {edition: _executed_in(text) for edition, text in sections.items()}
+
+
+def _executed_in(log):
+    counts = re.findall(r"successfully executed (\d+) out of", log)
+    failed = re.findall(r"Unexpected failing examples \((\d+)\)", log)
+    return sum(map(int, counts)) + sum(map(int, failed))
 
 
 def copy_checkout(destination):

@@ -122,9 +122,9 @@ launch_seconds = [time_per_call(n) for n in LAUNCH_SIZES]
 overhead_floor = statistics.median(launch_seconds[:SMALLEST_SIZES])
 crossover_elements = overhead_floor * COPY_BYTES_PER_S / 8
 
-print(f"\n{'elements':>11} {'bytes':>11} {'time (us)':>10} {'GB/s':>8}")
+print(f"\n{'elements':>11} {'bytes':>13} {'time (us)':>10} {'GB/s':>8}")
 for n, seconds in zip(LAUNCH_SIZES, launch_seconds):
-    print(f"{n:>11,} {8 * n:>11,} {seconds * 1e6:>10.2f} {8 * n / seconds / 1e9:>8.2f}")
+    print(f"{n:>11,} {8 * n:>13,} {seconds * 1e6:>10.2f} {8 * n / seconds / 1e9:>8.2f}")
 print(f"overhead floor t0 = {overhead_floor * 1e6:.2f} us per call, "
       f"crossover n* = {crossover_elements:,.0f} elements")
 

@@ -239,10 +239,12 @@ fig.tight_layout()
 #
 # For work that is large compared with the synchronisation latency, the hand
 # timer and the library should agree. We check this on the matmul above and
-# on a large elementwise addition, and raise if they differ by more than a
-# factor of two.
+# on a large elementwise addition, and raise if they still differ by more than
+# a factor of two after three attempts: another program on a busy machine can
+# upset one pair of measurements, but not a correct timer every time.
 
 AGREEMENT_FACTOR = 2.0
+ATTEMPTS = 3
 add_numel = (1 << 26) if DEVICE == "cuda" else (1 << 22)
 
 
@@ -253,12 +255,19 @@ def library_median(fn):
 
 
 print(f"{'workload':<24}  {'hand (ms)':>9}  {'library (ms)':>12}  {'hand/library':>12}")
+def timers_agree(label, fn):
+    for _ in range(ATTEMPTS):
+        hand = benchmark(fn, warmup=5, repeats=50)
+        library = library_median(fn)
+        print(f"{label:<24}  {ms(hand):9.4f}  {ms(library):12.4f}  {hand / library:12.3f}")
+        if 1 / AGREEMENT_FACTOR < hand / library < AGREEMENT_FACTOR:
+            return True
+    return False
+
+
 for label, fn in [(f"matmul {DEMO_N}, {dtype_name(DEMO_DTYPE)}", demo_matmul),
                   (f"add of {add_numel} floats", elementwise_add(add_numel))]:
-    hand = benchmark(fn, warmup=5, repeats=50)
-    library = library_median(fn)
-    print(f"{label:<24}  {ms(hand):9.4f}  {ms(library):12.4f}  {hand / library:12.3f}")
-    if not 1 / AGREEMENT_FACTOR < hand / library < AGREEMENT_FACTOR:
+    if not timers_agree(label, fn):
         raise RuntimeError(f"hand timer and torch.utils.benchmark disagree on {label}")
 
 # %%
