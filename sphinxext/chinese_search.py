@@ -16,7 +16,6 @@ who searches for it finds the pages that use it.
 """
 
 import re
-import tempfile
 from pathlib import Path
 
 from sphinx.search import _MINIFIED_JS_PATH
@@ -54,7 +53,9 @@ def glossary_terms(glossary=GLOSSARY):
 def teach_jieba_the_glossary(app, config):
     if not config.language.startswith("zh"):
         return
-    words = Path(tempfile.mkdtemp(prefix="course-jieba-"), "glossary.txt")
+    # A stable path: a new one each build would count as a changed configuration.
+    words = Path(app.doctreedir, "jieba-glossary.txt")
+    words.parent.mkdir(parents=True, exist_ok=True)
     words.write_text("".join(f"{term} 1000\n" for term in glossary_terms()), encoding="utf-8")
     config.html_search_options = {**config.html_search_options, "dict": str(words)}
 
