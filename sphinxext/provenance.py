@@ -65,20 +65,23 @@ def _version_of(package):
         return "not installed"
 
 
-def git_commit(src_file):
-    """Short commit of the checkout, marked ``+modified`` if the example differs from it."""
+def git_commit(path):
+    """Short commit of the checkout, marked ``+modified`` if ``path`` (a file or folder) differs."""
+    path = Path(path)
 
     def git(*args):
         return subprocess.run(
-            ["git", *args], cwd=Path(src_file).parent, capture_output=True, text=True,
-            check=True,
+            ["git", *args], cwd=path if path.is_dir() else path.parent, capture_output=True,
+            text=True, check=True,
         ).stdout.strip()
 
     try:
         commit = git("rev-parse", "--short", "HEAD")
-        modified = git("status", "--porcelain", "--", str(src_file))
+        modified = git("status", "--porcelain", "--", str(path))
     except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
+        # A copy without .git (an unpacked archive, the tests' scratch copies)
+        # may be told its commit by whoever made it.
+        return os.environ.get("COURSE_GIT_COMMIT", "unknown (not a git checkout)")
     return f"{commit}+modified" if modified else commit
 
 

@@ -36,7 +36,7 @@ def machine():
         "cuda": torch.version.cuda or "none",
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": git_commit(REPO / "conf.py"),
+        "commit": git_commit(REPO),
     }
 
 

@@ -14,6 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "sphinxext"))
+
+from provenance import git_commit
+
 EXAMPLES = sorted(REPO.glob("examples/lecture*/[0-9][0-9]_*.py"))
 
 
@@ -63,9 +67,10 @@ def make(checkout, target="html", env=None, **variables):
     ``env`` adds environment variables; ``variables`` are passed to make.
     """
     args = [f"VENV={sys.prefix}", *(f"{k}={v}" for k, v in variables.items())]
+    env = {"COURSE_GIT_COMMIT": git_commit(REPO), **(env or {})}
     start = time.perf_counter()
     done = subprocess.run(
         ["make", "-C", str(checkout), target, *args],
-        capture_output=True, text=True, env={**os.environ, **(env or {})}, check=False,
+        capture_output=True, text=True, env={**os.environ, **env}, check=False,
     )
     return BuildResult(done.returncode, done.stdout + done.stderr, time.perf_counter() - start)
