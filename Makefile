@@ -21,7 +21,7 @@ help:
 	@echo "make html      build both editions (reusing gallery-cache/ where it matches) into $(BUILD)/html/{en,zh_CN}, executing the examples once"
 	@echo "make html-fresh  build afresh on this machine, ignoring gallery-cache/"
 	@echo "make cache-save  keep this build's example outputs in gallery-cache/ (GPU machine)"
-	@echo "make preview   build quickly without executing examples (no outputs, no figures)"
+	@echo "make preview   build the English pages quickly, executing no example"
 	@echo "make serve     build, serve on http://127.0.0.1:8000 and rebuild on change"
 	@echo "make test      run the whole test suite (builds the site in a temporary folder)"
 	@echo "make bench     time a clean build and a no-op rebuild"
