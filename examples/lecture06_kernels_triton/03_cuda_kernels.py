@@ -23,7 +23,10 @@ skipped and only the source is shown.
 # multiple of the block size.
 
 import math
+import os
 import shutil
+import subprocess
+import tempfile
 import time
 
 import matplotlib.pyplot as plt
@@ -185,13 +188,53 @@ BINDING_HEADERS = """
 CUDA_DECLARATION = "at::Tensor gelu(const at::Tensor& x);"
 
 
-def missing_toolchain():
-    """Return why this machine cannot build the extension, or None."""
-    compiler = cpp_extension.get_cxx_compiler()
+def skip_or_fail(section, capability, reason):
+    """Readers' runs skip a part whose tool is missing; the site's builds require it."""
+    if capability in os.environ.get("COURSE_REQUIRE", "").split(","):
+        raise RuntimeError(f"{section}: this build requires {capability}, but {reason}")
+    print(f"Skipped {section}: {capability} is missing ({reason}).")
+
+
+def compile_problem(command, suffix, code):
+    """Why ``command`` cannot compile a one-line file of ``code``, or None if it can."""
+    with tempfile.TemporaryDirectory() as folder:
+        source = os.path.join(folder, "probe" + suffix)
+        with open(source, "w") as file:
+            file.write(code)
+        try:
+            done = subprocess.run([*command, "-c", source, "-o", source + ".o"],
+                                  capture_output=True, text=True, check=False)
+        except OSError as error:  # on PATH but not runnable, e.g. a script without #!
+            return f"{command[0]} cannot be run ({error})"
+    if done.returncode != 0:
+        return f"{command[0]} fails on a one-line {suffix} file (exit {done.returncode})"
+    return None
+
+
+def cxx_problem(compiler):
+    """Why the C++ compiler torch calls cannot build here, or None: probe, do not guess."""
     if shutil.which(compiler) is None:
-        return f"no C++ compiler ({compiler}) on PATH"
-    if DEVICE == "cuda" and cpp_extension.CUDA_HOME is None:
-        return "CUDA toolkit (nvcc) not found"
+        return f"no C++ compiler {compiler!r} is on PATH"
+    return compile_problem([compiler], ".cpp", "int probe() { return 0; }\n")
+
+
+def nvcc_problem():
+    """Why the CUDA toolkit torch would use cannot build here, or None."""
+    if cpp_extension.CUDA_HOME is None:
+        return "no CUDA toolkit was found (CUDA_HOME, nvcc on PATH, /usr/local/cuda)"
+    nvcc = os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc")
+    if shutil.which(nvcc) is None:
+        return f"{nvcc} does not exist"
+    return compile_problem([nvcc], ".cu", "__global__ void probe() {}\n")
+
+
+def missing_toolchain():
+    """(capability, reason) for what this machine lacks to build the extension, or None."""
+    problem = cxx_problem(cpp_extension.get_cxx_compiler())
+    if problem is not None:
+        return "cxx", problem
+    if DEVICE == "cuda" and (problem := nvcc_problem()) is not None:
+        return "nvcc", problem
     return None
 
 
@@ -217,19 +260,16 @@ def build_gelu_extension():
 
 
 gelu_extension = None
-skip_reason = missing_toolchain()
-if skip_reason is None:
+missing = missing_toolchain()
+skip_reason = None if missing is None else missing[1]
+if missing is None:
     start = time.perf_counter()
-    try:
-        gelu_extension = build_gelu_extension()
-    except (RuntimeError, OSError) as error:
-        skip_reason = f"build failed: {str(error).splitlines()[0]}"
-    else:
-        kind = "CUDA kernel" if DEVICE == "cuda" else "C++ CPU twin"
-        seconds = time.perf_counter() - start
-        print(f"built and loaded: {kind} in {seconds:.1f} s (a cached build loads faster)")
-if skip_reason is not None:
-    print(f"Skipping the build and everything that runs the extension: {skip_reason}.")
+    gelu_extension = build_gelu_extension()  # a working compiler that fails here fails the page
+    kind = "CUDA kernel" if DEVICE == "cuda" else "C++ CPU twin"
+    seconds = time.perf_counter() - start
+    print(f"built and loaded: {kind} in {seconds:.1f} s (a cached build loads faster)")
+else:
+    skip_or_fail("the build and everything that runs the extension", *missing)
 
 # %%
 # Verify
