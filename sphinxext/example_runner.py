@@ -43,6 +43,16 @@ def artifact_dir(gallery_dir, stem):
 
 
 def _prepare(src_file, gallery_dir):
+    """Before an example: required capabilities, Triton's interpreter, artefacts, time limit.
+
+    COURSE_REQUIRE names the capabilities this build must have, so that an example's
+    skip of one fails the build: "cxx,triton,inductor" on a CPU, "cxx,nvcc,triton,inductor"
+    on CUDA. A value already in the environment wins; an empty one makes a lenient build.
+    """
+    import torch
+
+    strict = "cxx,nvcc,triton,inductor" if torch.cuda.is_available() else "cxx,triton,inductor"
+    os.environ.setdefault("COURSE_REQUIRE", strict)
     _use_triton_interpreter_without_cuda()
     artifacts = artifact_dir(gallery_dir, src_file.stem)
     artifacts.mkdir(parents=True, exist_ok=True)
