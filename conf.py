@@ -34,6 +34,8 @@ extensions = [
     "sphinx_design",
     "sphinx_gallery.gen_gallery",
     "provenance",
+    "colab",
+    "page_speed",
     "editions",
     "chinese_search",
     "sphinx_copybutton",
@@ -56,15 +58,20 @@ suppress_warnings = []
 # (a regular expression), e.g. COURSE_EXAMPLES=06_torch_compile.
 LECTURES = ["lecture05_gpus", "lecture06_kernels_triton"]
 EXAMPLES_TO_RUN = os.environ.get("COURSE_EXAMPLES", r"\d\d_\w+")
+# COURSE_LECTURES=lecture05_gpus (comma-separated) executes only those lectures'
+# examples, as one shard of the GPU build does; every gallery still gets its pages.
+LECTURES_TO_RUN = os.environ.get("COURSE_LECTURES") or ",".join(LECTURES)
 
 sphinx_gallery_conf = {
     "examples_dirs": [f"../examples/{lecture}" for lecture in LECTURES],
     "gallery_dirs": [f"auto_examples/{lecture}" for lecture in LECTURES],
-    "filename_pattern": rf"/({EXAMPLES_TO_RUN})\.py$",
+    "filename_pattern": rf"/({LECTURES_TO_RUN.replace(',', '|')})/({EXAMPLES_TO_RUN})\.py$",
     "ignore_pattern": r"__init__\.py",
     "within_subsection_order": "FileNameSortKey",
     "reset_modules": ("example_runner.around_each_example", "matplotlib"),
     "reset_modules_order": "both",
+    # The second "scraper" keeps each example's KEY_FIGURES for its provenance record.
+    "image_scrapers": ("matplotlib", "example_runner.keep_key_figures"),
     "backreferences_dir": "auto_examples/backreferences",
     "download_all_examples": True,
     "remove_config_comments": True,
@@ -94,18 +101,23 @@ codeautolink_concat_default = True  # an example's imports hold in all its later
 suppress_warnings.append("codeautolink.match_name")
 
 # -- Publishing ------------------------------------------------------------------
-# Where the site is hosted, for absolute URLs (sitemap, OpenGraph, 404 page;
-# the 404 page's prefix is set per edition in sphinxext/editions.py).
-# The publishing workflow sets COURSE_BASE_URL; local builds serve from loopback.
+# Where the site is hosted, for absolute URLs (canonical links, sitemap,
+# OpenGraph, 404 page). This is the site's root; sphinxext/editions.py turns it
+# into each edition's folder. The publishing workflow sets COURSE_BASE_URL;
+# local builds serve from loopback.
 html_baseurl = os.environ.get("COURSE_BASE_URL", "http://127.0.0.1:8000/")
 sitemap_url_scheme = "{lang}{link}"
-sitemap_locales = [None]
+sitemap_locales = ["en", "zh_CN"]  # each URL names its twin in the other edition
+sitemap_excludes = ["search.html", "genindex.html", "404.html"]
 ogp_site_url = html_baseurl
 ogp_site_name = "GPU Programming for LLMs"
 ogp_enable_meta_description = True
 ogp_social_cards = {"enable": False}
 ogp_image = "_static/favicon.svg"
 html_favicon = "_static/favicon.svg"
+# "Open in Colab" links point at the notebooks the publishing workflow pushes
+# to this GitHub repository's ``notebooks`` branch; unset, no link is drawn.
+course_repo_url = os.environ.get("COURSE_REPO_URL", "")
 copybutton_exclude = ".linenos, .gp, .go"
 
 # -- Look ------------------------------------------------------------------------

@@ -3,6 +3,10 @@
 * Each page offers a link to the same page in the other edition (the template
   ``_templates/language-switcher.html`` draws it from ``html_context``).
 * The 404 page links into its own edition.
+* Each page's canonical URL names its own edition's folder, and the page names
+  its twin in the other edition with ``hreflang`` alternates.
+* The sitemap lists every page of the edition, also after an incremental build
+  (sphinx-sitemap alone lists only the pages written by that build).
 * sphinx-gallery's running-time line changes on every execution. As a
   translatable paragraph it would churn the catalogs, so it becomes raw HTML,
   translated here.
@@ -65,12 +69,45 @@ def add_editions_to_context(app, pagename, templatename, context, doctree):
 def place_absolute_urls_in_this_edition(app, config):
     """Absolute URLs point into this edition's folder.
 
+    ``html_baseurl`` names the site's root in conf.py; here it becomes this
+    edition's folder, which is what Sphinx's ``rel=canonical`` is built from.
     The 404 page is served at any depth, so its links are absolute (base path +
-    edition); OpenGraph URLs are absolute by definition.
+    edition); OpenGraph URLs are absolute by definition. The sitemap keeps the
+    site's root and adds the edition itself (``sitemap_url_scheme``).
     """
-    base_path = urlsplit(config.html_baseurl).path.rstrip("/")
-    config.notfound_urls_prefix = f"{base_path}/{config.language}/"
-    config.ogp_site_url = f"{config.html_baseurl.rstrip('/')}/{config.language}/"
+    site_root = config.html_baseurl.rstrip("/") + "/"
+    config.site_url = site_root
+    config.course_site_root = site_root
+    config.html_baseurl = f"{site_root}{config.language}/"
+    config.notfound_urls_prefix = f"{urlsplit(site_root).path.rstrip('/')}/{config.language}/"
+    config.ogp_site_url = config.html_baseurl
+
+
+def link_the_twin_pages(app, pagename, templatename, context, doctree):
+    """``hreflang`` alternates: this page in every edition, English as the default."""
+    root = app.config.course_site_root
+    links = [(code.replace("_", "-"), f"{root}{code}/{pagename}.html") for code in EDITIONS]
+    links.append(("x-default", f"{root}en/{pagename}.html"))
+    tags = "".join(
+        f'<link rel="alternate" hreflang="{lang}" href="{html.escape(url)}" />\n'
+        for lang, url in links
+    )
+    context["metatags"] = context.get("metatags", "") + tags
+
+
+def note_page_written(app, pagename, templatename, context, doctree):
+    app.course_pages_written = getattr(app, "course_pages_written", set()) | {pagename}
+
+
+def list_every_page_in_the_sitemap(app, exception):
+    """Queue the pages that this build did not rewrite, before sphinx-sitemap writes the file."""
+    if exception is not None or app.builder.format != "html":
+        return
+    import sphinx_sitemap
+
+    written = getattr(app, "course_pages_written", set())
+    for docname in sorted(app.env.found_docs - written):
+        sphinx_sitemap.add_html_link(app, docname, None, {}, None)
 
 
 def name_the_site_in_this_edition(app, config):
@@ -127,4 +164,9 @@ def setup(app):
     app.connect("config-inited", name_the_site_in_this_edition)
     app.connect("source-read", running_time_as_raw_html)
     app.connect("html-page-context", add_editions_to_context)
+    app.connect("html-page-context", link_the_twin_pages)
+    app.connect("html-page-context", note_page_written)
+    app.add_config_value("course_site_root", "", "html")
+    # Before sphinx-sitemap's own build-finished handler (priority 500).
+    app.connect("build-finished", list_every_page_in_the_sitemap, priority=400)
     return {"parallel_read_safe": True, "version": "1"}
