@@ -8,8 +8,12 @@ from browser import serve
 
 from tools.site_build import copy_checkout, make
 
-# Built for hosting under a path prefix, as the browser tests serve it.
-SITE_ENV = {"COURSE_BASE_URL": "http://localhost/course/"}
+# Built for hosting under a path prefix, as the browser tests serve it, and
+# published from a GitHub repository, so that pages link to Colab.
+SITE_ENV = {
+    "COURSE_BASE_URL": "http://localhost/course/",
+    "COURSE_REPO_URL": "https://github.com/course-authors/gpu-programming-for-llms",
+}
 
 
 @pytest.fixture(scope="session")

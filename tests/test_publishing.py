@@ -1,0 +1,138 @@
+"""What gets published is what was built: every page in the sitemap, canonical
+URLs inside their edition, twins linked by hreflang, notebooks that open on
+Colab's GPU, and pages that reserve their room before images and sidebars arrive."""
+
+import json
+import re
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from xml.etree import ElementTree
+
+import pytest
+from bs4 import BeautifulSoup
+from conftest import SITE_ENV
+
+from tools.site_build import EXAMPLES, REPO, make
+
+sys.path.insert(0, str(REPO / "sphinxext"))
+import colab
+
+EDITIONS = ("en", "zh_CN")
+BASE = SITE_ENV["COURSE_BASE_URL"]
+SITEMAP_NS = {"s": "http://www.sitemaps.org/schemas/sitemap/0.9",
+              "x": "http://www.w3.org/1999/xhtml"}
+NOT_IN_SITEMAP = {"search.html", "genindex.html", "404.html"}
+
+
+def content_pages(edition_root):
+    return sorted(p.relative_to(edition_root).as_posix() for p in edition_root.rglob("*.html")
+                  if "_static" not in p.parts and "_images" not in p.parts
+                  and p.name not in NOT_IN_SITEMAP)
+
+
+def sitemap_locations(edition_root):
+    tree = ElementTree.parse(edition_root / "sitemap.xml")
+    return tree.getroot().findall("s:url", SITEMAP_NS)
+
+
+def soup(path):
+    return BeautifulSoup(path.read_text(encoding="utf-8"), "html.parser")
+
+
+@pytest.fixture(scope="module")
+def incremental(site):
+    """The clean build's page lists, then an incremental build that rewrites one page."""
+    checkout, _ = site
+    html = checkout / "_build" / "html"
+    clean = {e: content_pages(html / e) for e in EDITIONS}
+    clean_sitemaps = {e: len(sitemap_locations(html / e)) for e in EDITIONS}
+    page = checkout / "source" / "index.md"
+    page.write_text(page.read_text(encoding="utf-8") + "\n", encoding="utf-8")
+    result = make(checkout, "html", env=SITE_ENV)
+    assert result.returncode == 0, result.log[-3000:]
+    return checkout, clean, clean_sitemaps
+
+
+@pytest.mark.parametrize("edition", EDITIONS)
+def test_incremental_build_publishes_every_page(incremental, edition):
+    checkout, clean, clean_sitemaps = incremental
+    root = checkout / "_build" / "html" / edition
+    assert content_pages(root) == clean[edition]
+    urls = sitemap_locations(root)
+    listed = sorted(u.find("s:loc", SITEMAP_NS).text.removeprefix(f"{BASE}{edition}/")
+                    for u in urls)
+    assert listed == clean[edition], "the sitemap lost pages in an incremental build"
+    assert len(urls) == clean_sitemaps[edition]
+    twins = {a.get("hreflang") for a in urls[0].findall("x:link", SITEMAP_NS)}
+    assert twins == {"en", "zh-CN"}
+
+
+@pytest.mark.parametrize("edition", EDITIONS)
+def test_canonical_and_twins(site, edition):
+    checkout, _ = site
+    name = "lectures/lecture05_gpus.html"
+    html = soup(checkout / "_build" / "html" / edition / name)
+    assert html.select_one('link[rel="canonical"]')["href"] == f"{BASE}{edition}/{name}"
+    alternates = {a["hreflang"]: a["href"] for a in html.select('link[rel="alternate"][hreflang]')}
+    assert alternates == {"en": f"{BASE}en/{name}", "zh-CN": f"{BASE}zh_CN/{name}",
+                          "x-default": f"{BASE}en/{name}"}
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_example_opens_on_colab_with_a_gpu(site, example):
+    checkout, _ = site
+    lecture = example.parent.name
+    for edition in EDITIONS:
+        page = checkout / "_build" / "html" / edition / "auto_examples" / lecture / (
+            example.stem + ".html")
+        link = soup(page).select_one("p.colab-link a")
+        assert link is not None, f"{edition}: no Colab link"
+        owner_repo = SITE_ENV["COURSE_REPO_URL"].removeprefix("https://github.com/")
+        assert link["href"] == (f"https://colab.research.google.com/github/{owner_repo}"
+                                f"/blob/notebooks/{lecture}/{example.stem}.ipynb")
+    notebook = json.loads((checkout / "source" / "auto_examples" / lecture /
+                           f"{example.stem}.ipynb").read_text())
+    assert notebook["metadata"]["accelerator"] == "GPU"
+    assert notebook["metadata"]["colab"]["gpuType"] == "T4"
+    first = "".join(notebook["cells"][0]["source"])
+    assert "nothing is installed" in first
+    code = "".join("".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "code")
+    assert not re.search(r"^\s*[!%]pip install .*\b(torch|triton)\b", code, re.MULTILINE)
+
+
+@pytest.mark.parametrize("lecture", sorted({e.parent.name for e in EXAMPLES}))
+def test_gallery_links_every_notebook(site, lecture):
+    checkout, _ = site
+    index = checkout / "_build" / "html" / "en" / "auto_examples" / lecture / "index.html"
+    links = [a["href"] for a in soup(index).select("p.colab-links a")]
+    expected = [e.stem for e in EXAMPLES if e.parent.name == lecture]
+    assert [Path(h).stem for h in links] == expected
+
+
+def test_no_repository_no_colab_link():
+    app = SimpleNamespace(config=SimpleNamespace(
+        course_repo_url="", course_notebook_branch="notebooks", language="en"))
+    source = ["Title\n=====\n\nText.\n"]
+    colab.insert_colab_links(app, "auto_examples/lecture05_gpus/01_roofline", source)
+    assert source == ["Title\n=====\n\nText.\n"]
+    assert colab.notebook_url("", "notebooks", "lecture05_gpus", "01_roofline") is None
+
+
+def test_pages_reserve_their_room(site):
+    checkout, _ = site
+    root = checkout / "_build" / "html" / "en"
+    gallery = soup(root / "auto_examples" / "lecture05_gpus" / "index.html")
+    thumbs = gallery.select("div.sphx-glr-thumbcontainer img")
+    assert thumbs
+    for img in thumbs:
+        assert img.get("width") and img.get("height") and img.get("loading") == "lazy", img
+        assert img.parent.name != "a" or "image-reference" not in img.parent.get("class", [])
+    head = soup(root / "lectures" / "lecture05_gpus.html").head
+    assert not head.select('script[src*="searchindex.js"]'), "search index loads on every page"
+    assert soup(root / "search.html").select('script[src*="searchindex.js"]')
+    katex_css = (REPO / "_static" / "vendor" / "katex" / "katex.min.css").read_text()
+    faces = katex_css.count("@font-face{")
+    assert faces and katex_css.count("@font-face{font-display:swap;") == faces
+    css = (REPO / "_static" / "course.css").read_text()
+    assert "calc(100% - var(--pst-sidebar-secondary))" in css
