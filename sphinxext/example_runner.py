@@ -8,8 +8,10 @@ example, and record the provenance of the outputs that were just produced.
 
 import gc
 import json
+import numbers
 import os
 import signal
+import time
 from pathlib import Path
 
 from provenance import collect_provenance, provenance_path
@@ -28,10 +30,12 @@ def around_each_example(gallery_conf, fname, when):
     gallery_dir = _gallery_dir(gallery_conf, fname)
     if when == "before":
         _prepare(src_file, gallery_dir)
+        _start_run()
     else:
         signal.alarm(0)
+        run = _finish_run(gallery_conf, src_file)
         _free_memory()
-        _record_provenance(src_file, gallery_dir)
+        _record_provenance(src_file, gallery_dir, run)
 
 
 def timeout_seconds():
@@ -87,8 +91,8 @@ def _free_memory():
         torch.cuda.reset_peak_memory_stats()
 
 
-def _record_provenance(src_file, gallery_dir):
-    record = collect_provenance(src_file)
+def _record_provenance(src_file, gallery_dir, run=None):
+    record = {**collect_provenance(src_file), **(run or {})}
     path = provenance_path(gallery_dir, src_file.stem)
     path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
@@ -108,3 +112,45 @@ def _example_dir(gallery_conf, fname):
 
 def _gallery_dir(gallery_conf, fname):
     return Path(gallery_conf["src_dir"], _gallery_pair(gallery_conf, fname)[1])
+
+
+# The GPU build's report (tools/gpu_check.py --from-build) comes from the build's
+# own runs, so each example executes once: the record keeps its wall time, peak
+# GPU memory and KEY_FIGURES.
+_run = {}
+
+
+def keep_key_figures(block, block_vars, gallery_conf):
+    """An image scraper that scrapes no image: after each code block, keep the example's KEY_FIGURES."""
+    figures = block_vars["example_globals"].get("KEY_FIGURES")
+    if isinstance(figures, dict):
+        _run["key_figures"] = {
+            str(k): float(f"{v:.4g}") if isinstance(v, numbers.Real) else str(v)
+            for k, v in figures.items()
+        }
+    return ""
+
+
+def _start_run():
+    import torch
+
+    _run.clear()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    _run["start"] = time.perf_counter()
+
+
+def _finish_run(gallery_conf, src_file):
+    import torch
+
+    seconds = time.perf_counter() - _run.pop("start", time.perf_counter())
+    cuda = torch.cuda.is_available()
+    failures = {Path(k).resolve(): v for k, v in gallery_conf["failing_examples"].items()}
+    failure = failures.get(src_file.resolve())
+    return {
+        "passed": failure is None,
+        "error": failure.strip().splitlines()[-1] if failure else None,
+        "seconds": round(seconds, 2),
+        "peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3) if cuda else None,
+        "key_figures": _run.pop("key_figures", {}),
+    }
