@@ -172,7 +172,14 @@ if HAVE_TRITON:
 # other shapes cover one column, a row length far from a power of two, and
 # inputs shifted by 1000, where ``exp`` without the max subtraction would
 # overflow to ``inf``. The reference is ``torch.softmax`` in float64.
+#
+# The entries of a row of length ``N`` are about ``1/N``, so an absolute
+# tolerance such as float32's default ``1e-5`` would pass errors of several
+# per cent. The check is relative to each entry instead: ``1e-5``, about 80
+# float32 rounding steps, more than the few that ``exp``, the sum and the
+# division add. Each row must also sum to 1.
 
+SOFTMAX_RTOL = 1e-5
 SOFTMAX_TEST_CASES = [  # (rows, columns, shift added to the input)
     (1823 if DEVICE == "cuda" else 183, 781, 0.0),
     (7, 1, 0.0),
@@ -181,17 +188,30 @@ SOFTMAX_TEST_CASES = [  # (rows, columns, shift added to the input)
 ]
 
 
+def assert_rows_sum_to_one(y):
+    """Every row of a softmax is a probability distribution."""
+    row_sums = y.double().sum(dim=1)
+    torch.testing.assert_close(row_sums, torch.ones_like(row_sums), rtol=0, atol=SOFTMAX_RTOL)
+
+
+def assert_softmax_matches(y, x):
+    """``y`` against the float64 softmax of ``x``, relative to each entry's size."""
+    expected = torch.softmax(x.double(), dim=1)
+    torch.testing.assert_close(y.double(), expected, rtol=SOFTMAX_RTOL, atol=0)
+    assert_rows_sum_to_one(y)
+
+
 def check_softmax(rows, cols, shift):
     x = torch.randn(rows, cols, device=DEVICE) + shift
-    expected = torch.softmax(x.double(), dim=1).float()
-    torch.testing.assert_close(triton_softmax(x), expected)
-    torch.testing.assert_close(naive_softmax(x), expected)
+    assert_softmax_matches(triton_softmax(x), x)
+    assert_softmax_matches(naive_softmax(x), x)
 
 
 if HAVE_TRITON:
     for rows, cols, shift in SOFTMAX_TEST_CASES:
         check_softmax(rows, cols, shift)
-        print(f"softmax {rows:>5} x {cols:<5} (shift {shift:6.1f}) matches torch.softmax")
+        print(f"softmax {rows:>5} x {cols:<5} (shift {shift:6.1f}): Triton and naive match "
+              f"float64 (rtol {SOFTMAX_RTOL:.0e}), rows sum to 1")
 
 # %%
 # Measure: effective bandwidth against row length
@@ -200,7 +220,9 @@ if HAVE_TRITON:
 # the fused kernel must move, so the naive version shows up at about a quarter
 # of the copy ceiling if the prediction holds. The dotted line is that
 # prediction: copy bandwidth times ``2MN / (8MN + 4M)``. On a CPU the Triton
-# line is absent: interpreted code says nothing about speed.
+# line is absent: interpreted code says nothing about speed. Each output that
+# is timed is first checked as above, so no point on the plot comes from a
+# wrong result.
 
 SOFTMAX_ROWS = 4096 if DEVICE == "cuda" else 512
 SOFTMAX_COLS = ([256, 512, 1024, 2048, 4096, 8192, 16384, 32768] if DEVICE == "cuda"
@@ -221,6 +243,7 @@ def softmax_bandwidth_table():
     for n_cols in SOFTMAX_COLS:
         x = torch.randn(SOFTMAX_ROWS, n_cols, device=DEVICE)
         for name, softmax in softmax_implementations().items():
+            assert_softmax_matches(softmax(x), x)
             ms = time_ms(partial(softmax, x))
             table[name].append(fused_softmax_bytes(SOFTMAX_ROWS, n_cols) / ms / 1e6)
         del x
@@ -233,7 +256,13 @@ print(f"{'N':>6} " + " ".join(f"{name:>14}" for name in softmax_gbs))
 for i, n_cols in enumerate(SOFTMAX_COLS):
     print(f"{n_cols:>6} " + " ".join(f"{gbs[i]:14.1f}" for gbs in softmax_gbs.values()))
 
-fig, ax = plt.subplots(figsize=(7, 4.2))
+
+def legend_below(ax):
+    """The legend under the plot, where no measured line can run beneath it."""
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=2, frameon=False)
+
+
+fig, ax = plt.subplots(figsize=(7, 4.8))
 for name, gbs in softmax_gbs.items():
     ax.plot(SOFTMAX_COLS, gbs, marker="o", label=name)
 ax.axhline(COPY_GBS, color="black", linestyle="--", label="copy bandwidth (measured)")
@@ -246,7 +275,7 @@ ax.set_xlabel("row length N (columns, float32)")
 ax.set_ylabel("effective bandwidth (GB/s), 2MN x 4 bytes")
 note = "" if DEVICE == "cuda" else " (Triton interpreted: not timed)"
 ax.set_title(f"Row softmax, M = {SOFTMAX_ROWS}: {device_name()}{note}")
-ax.legend()
+legend_below(ax)
 fig.tight_layout()
 
 # %%
@@ -255,9 +284,15 @@ fig.tight_layout()
 # The fused kernel can match or beat the library because it moves the fewest
 # bytes possible, one read and one write of each element, and because a row
 # of a few thousand float32 values fits in the registers of one program: the
-# max, the exponentials and the sum never leave the chip. It is also compiled
-# for one row length. ``torch.softmax`` is a single kernel too, but it must
-# serve every shape and dtype; PyTorch's CUDA softmax picks among several
+# max, the exponentials and the sum never leave the chip. It is also
+# specialised. Triton compiles it once for each value of the ``tl.constexpr``
+# ``BLOCK_SIZE``, here the row length rounded up to a power of two, and for
+# each pattern of its integer arguments: an argument equal to 1 becomes a
+# constant, and one divisible by 16 is marked so, which lets the compiler
+# prove that rows start aligned and use wider loads. Row lengths that share a
+# ``BLOCK_SIZE`` and that pattern share one compiled kernel; the row length
+# itself is a runtime argument that only sets the mask. ``torch.softmax`` is
+# a single kernel too, but it must serve every shape and dtype; PyTorch's CUDA softmax picks among several
 # kernels by row length, and for longer rows its general kernel passes over
 # each row more than once, leaning on the caches. The naive version pays for
 # five round trips to memory, and the dotted line shows what that costs by
@@ -362,20 +397,23 @@ if HAVE_TRITON:
         meta = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 8}
         return triton.Config(meta, num_stages=num_stages, num_warps=num_warps)
 
+    MATMUL_AUTOTUNE_CONFIGS = [  # (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps)
+        matmul_config(128, 256, 64, 3, 8), matmul_config(256, 128, 64, 3, 8),
+        matmul_config(128, 128, 64, 4, 8), matmul_config(128, 128, 32, 4, 4),
+        matmul_config(64, 128, 32, 4, 4), matmul_config(64, 64, 32, 4, 4)]
     if DEVICE == "cuda":
-        matmul_launcher = triton.autotune(
-            configs=[matmul_config(128, 256, 64, 3, 8), matmul_config(256, 128, 64, 3, 8),
-                     matmul_config(128, 128, 64, 4, 8), matmul_config(128, 128, 32, 4, 4),
-                     matmul_config(64, 128, 32, 4, 4), matmul_config(64, 64, 32, 4, 4)],
-            key=["M", "N", "K"],
-        )(matmul_kernel)
+        matmul_launcher = triton.autotune(configs=MATMUL_AUTOTUNE_CONFIGS,
+                                          key=["M", "N", "K"])(matmul_kernel)
         FIXED_META = {}
     else:
         matmul_launcher = matmul_kernel
         FIXED_META = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4}
 
-    def triton_matmul(a, b, activation=""):
-        """``activation(a @ b)`` with ``activation`` in {"", "gelu_tanh"}."""
+    def triton_matmul(a, b, activation="", config=None):
+        """``activation(a @ b)`` with ``activation`` in {"", "gelu_tanh"}.
+
+        A ``config`` launches that one configuration, bypassing the autotuner.
+        """
         m, k = a.shape
         n = b.shape[1]
         c = torch.empty((m, n), device=a.device, dtype=a.dtype)
@@ -383,9 +421,10 @@ if HAVE_TRITON:
         def grid(meta):
             return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
 
-        matmul_launcher[grid](a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0),
-                              b.stride(1), c.stride(0), c.stride(1),
-                              ACTIVATION=activation, **FIXED_META)
+        launcher, meta = ((matmul_launcher, FIXED_META) if config is None
+                          else (matmul_kernel, config.all_kwargs()))
+        launcher[grid](a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0),
+                       b.stride(1), c.stride(0), c.stride(1), ACTIVATION=activation, **meta)
         return c
 
 # %%
@@ -421,13 +460,37 @@ def random_operands(m, n, k):
     return a, b
 
 
-def check_matmul(m, n, k):
+def check_matmul(m, n, k, config=None):
     a, b = random_operands(m, n, k)
     product = a.double() @ b.double()
     expected = {"": product, "gelu_tanh": F.gelu(product, approximate="tanh")}
     for activation, reference in expected.items():
-        result = triton_matmul(a, b, activation).double()
+        result = triton_matmul(a, b, activation, config).double()
         torch.testing.assert_close(result, reference, **MATMUL_TOLERANCE)
+
+
+# %%
+# The autotuner only times its configurations; it never checks what they
+# compute, and a tile shape that breaks the masks would win the race as
+# happily as a correct one. So every configuration is launched directly once
+# and checked, not only those that won for the shapes above. On a CPU the
+# interpreter runs the same configurations, in float32, which checks their
+# index arithmetic but not whether they fit a GPU: that is the compile check's
+# job. On a GPU too small for a configuration's tiles, Triton refuses to load
+# it, and the autotuner would skip it the same way.
+
+
+def check_every_matmul_config(m, n, k):
+    """Check each autotune configuration; return the ones this device could not load."""
+    too_large = []
+    for config in MATMUL_AUTOTUNE_CONFIGS:
+        try:
+            check_matmul(m, n, k, config)
+        except triton.runtime.errors.OutOfResources:
+            too_large.append(config)
+    if len(too_large) == len(MATMUL_AUTOTUNE_CONFIGS):
+        raise RuntimeError("no matmul configuration fits this GPU")
+    return too_large
 
 
 # %%
@@ -448,6 +511,13 @@ if HAVE_TRITON:
             check_matmul(m, n, k)
             print(f"matmul {m:>5} x {n:<5} x {k:<5} {MATMUL_DTYPE!s:>15}: "
                   "plain and GELU epilogue match float64")
+        too_large = check_every_matmul_config(*MATMUL_TEST_SHAPES[0])
+        print(f"every autotune configuration at {' x '.join(map(str, MATMUL_TEST_SHAPES[0]))}: "
+              f"{len(MATMUL_AUTOTUNE_CONFIGS) - len(too_large)} of {len(MATMUL_AUTOTUNE_CONFIGS)} "
+              "checked against float64")
+        for config in too_large:
+            print(f"  not loadable on this GPU (too little shared memory), as the autotuner "
+                  f"would skip it: {config}")
     except Exception as error:  # only the known interpreter bug is excused below
         if not interpreter_cannot_loop(error):
             raise
@@ -502,7 +572,7 @@ for group_m in GROUP_SIZES:
     total = a_tiles + b_tiles
     print(f"{group_m:>8} {a_tiles:8.1f} {b_tiles:8.1f} {total:7.1f} {total / (2 * WAVE):13.2f}")
 
-fig, ax = plt.subplots(figsize=(7, 4.2))
+fig, ax = plt.subplots(figsize=(7, 4.8))
 for group_m in GROUP_SIZES:
     totals = [sum(tiles_per_wave(size, TILE, group_m, WAVE)) for size in MODEL_SIZES]
     label = "row-major (GROUP_M = 1)" if group_m == 1 else f"grouped, GROUP_M = {group_m}"
@@ -513,7 +583,7 @@ ax.set_ylim(bottom=0)
 ax.set_xlabel("matrix size M = N (elements)")
 ax.set_ylabel("distinct A + B tiles per K step per wave")
 ax.set_title(f"Grouped order, one wave = {WAVE} programs ({WAVE_SOURCE})")
-ax.legend()
+legend_below(ax)
 fig.tight_layout()
 
 # %%
@@ -534,7 +604,8 @@ fig.tight_layout()
 # A square matmul of size ``S`` does ``2 S^3`` floating-point operations. On
 # CUDA the autotuned Triton kernel is timed beside ``torch.matmul`` (cuBLAS)
 # in 16-bit, and the table gives the fraction of the library's rate. On a CPU
-# only ``torch.matmul`` in float32 is timed.
+# only ``torch.matmul`` in float32 is timed. At every size, each product that
+# is timed is also checked against float64.
 
 MATMUL_SIZES = [256, 512, 1024, 2048, 3072, 4096] if DEVICE == "cuda" else [128, 256, 512, 1024]
 
@@ -546,8 +617,10 @@ def matmul_tflops_table():
         table["Triton"] = []
     for size in MATMUL_SIZES:
         a, b = random_operands(size, size, size)
+        reference = a.double() @ b.double()
         for name, rates in table.items():
             matmul = torch.matmul if name == "torch.matmul" else triton_matmul
+            torch.testing.assert_close(matmul(a, b).double(), reference, **MATMUL_TOLERANCE)
             rates.append(2 * size**3 / time_ms(partial(matmul, a, b)) / 1e9)
     return table
 
@@ -560,7 +633,7 @@ for i, size in enumerate(MATMUL_SIZES):
     ratio = f"  {rates[1] / rates[0]:14.2f}" if len(rates) > 1 else ""
     print(f"{size:>6} " + " ".join(f"{rate:13.2f}" for rate in rates) + ratio)
 
-fig, ax = plt.subplots(figsize=(7, 4.2))
+fig, ax = plt.subplots(figsize=(7, 4.8))
 for name, tflops in matmul_tflops.items():
     ax.plot(MATMUL_SIZES, tflops, marker="o", label=name)
 ax.set_xscale("log", base=2)
@@ -569,7 +642,7 @@ ax.set_xlabel("matrix size M = N = K (elements)")
 ax.set_ylabel(f"TFLOP/s ({str(MATMUL_DTYPE).removeprefix('torch.')})")
 note = "" if DEVICE == "cuda" else " (Triton interpreted: not timed)"
 ax.set_title(f"Square matmul: {device_name()}{note}")
-ax.legend()
+legend_below(ax)
 fig.tight_layout()
 
 # %%
@@ -581,6 +654,9 @@ fig.tight_layout()
 
 def epilogue_comparison(size):
     a, b = random_operands(size, size, size)
+    reference = F.gelu(a.double() @ b.double(), approximate="tanh")
+    for result in (F.gelu(a @ b, approximate="tanh"), triton_matmul(a, b, "gelu_tanh")):
+        torch.testing.assert_close(result.double(), reference, **MATMUL_TOLERANCE)
     unfused_ms = time_ms(lambda: F.gelu(a @ b, approximate="tanh"))
     fused_ms = time_ms(lambda: triton_matmul(a, b, "gelu_tanh"))
     print(f"GELU(A @ B), size {size}:")
