@@ -25,10 +25,13 @@ every kernel and counts programs, but times only PyTorch and
 import math
 import os
 import shutil
+import subprocess
+import tempfile
 import time
 
 import matplotlib.pyplot as plt
 import torch
+import torch._inductor.config as inductor_config
 import torch.nn.functional as F
 from torch.utils import benchmark, cpp_extension
 
@@ -40,9 +43,10 @@ try:
     import triton
     import triton.language as tl
 
-    HAVE_TRITON = True
-except ImportError:
-    HAVE_TRITON = False
+    TRITON_IMPORT_ERROR = None
+except ImportError as error:
+    TRITON_IMPORT_ERROR = error
+HAVE_TRITON = TRITON_IMPORT_ERROR is None
 
 ON_GPU = DEVICE == "cuda"
 CHECK_LENGTHS = (1, 1000, 98_437)  # 98_437 is odd: no block size divides it
@@ -55,8 +59,17 @@ COPY_BYTES = 1 << 30 if ON_GPU else 1 << 26
 torch.manual_seed(0)
 
 DEVICE_NAME = torch.cuda.get_device_name() if ON_GPU else "CPU"
+
+
+def skip_or_fail(section, capability, reason):
+    """Readers' runs skip a part whose tool is missing; the site's builds require it."""
+    if capability in os.environ.get("COURSE_REQUIRE", "").split(","):
+        raise RuntimeError(f"{section}: this build requires {capability}, but {reason}")
+    print(f"Skipped {section}: {capability} is missing ({reason}).")
+
+
 if not HAVE_TRITON:
-    print("Triton is not installed: the Triton kernels are skipped.")
+    skip_or_fail("the Triton kernels", "triton", f"import triton failed: {TRITON_IMPORT_ERROR}")
 elif ON_GPU:
     print(f"{DEVICE_NAME}: Triton compiled and timed at full size.")
 else:
@@ -330,44 +343,91 @@ at::Tensor gelu(const at::Tensor& x);
 """
 
 
+# Each tool is probed with a one-line job first: a missing tool skips its way (and
+# fails a site build, which requires it), while a failure on our own code fails the page.
+
+
+def compile_problem(command, suffix, code):
+    """Why ``command`` cannot compile a one-line file of ``code``, or None if it can."""
+    with tempfile.TemporaryDirectory() as folder:
+        source = os.path.join(folder, "probe" + suffix)
+        with open(source, "w") as file:
+            file.write(code)
+        try:
+            done = subprocess.run([*command, "-c", source, "-o", source + ".o"],
+                                  capture_output=True, text=True, check=False)
+        except OSError as error:  # on PATH but not runnable, e.g. a script without #!
+            return f"{command[0]} cannot be run ({error})"
+    if done.returncode != 0:
+        return f"{command[0]} fails on a one-line {suffix} file (exit {done.returncode})"
+    return None
+
+
+def cxx_problem(compiler):
+    """Why the C++ compiler torch calls cannot build here, or None."""
+    if shutil.which(compiler) is None:
+        return f"no C++ compiler {compiler!r} is on PATH"
+    return compile_problem([compiler], ".cpp", "int probe() { return 0; }\n")
+
+
+def nvcc_problem():
+    """Why the CUDA toolkit torch would use cannot build here, or None."""
+    if cpp_extension.CUDA_HOME is None:
+        return "no CUDA toolkit was found (CUDA_HOME, nvcc on PATH, /usr/local/cuda)"
+    nvcc = os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc")
+    if shutil.which(nvcc) is None:
+        return f"{nvcc} does not exist"
+    return compile_problem([nvcc], ".cu", "__global__ void probe() {}\n")
+
+
+def inductor_problem():
+    """(capability, reason) if torch.compile cannot work here, or None."""
+    if not ON_GPU and (problem := cxx_problem(inductor_config.cpp.cxx[-1])) is not None:
+        return "cxx", problem  # Inductor's compiler on a CPU: $CXX, else g++
+    if ON_GPU and not HAVE_TRITON:
+        return "triton", f"import triton failed: {TRITON_IMPORT_ERROR}"
+    try:
+        torch.compile(lambda t: 2 * t + 1)(torch.arange(5.0, device=DEVICE))
+    except Exception as error:  # noqa: BLE001 (a one-line function failed: Inductor is broken)
+        return "inductor", f"a one-line torch.compile failed, {type(error).__name__}"
+    finally:
+        torch.compiler.reset()
+    return None
+
+
 def build_cuda_gelu():
-    """The CUDA GeLU as a Python function, or None with the reason printed."""
+    """The CUDA GeLU as a Python function, or None where it cannot be built."""
     if not ON_GPU:
         print("CUDA GeLU: absent, no CUDA GPU on this machine.")
         return None
-    if cpp_extension.CUDA_HOME is None:
-        print("CUDA GeLU: skipped, the CUDA toolkit (nvcc) was not found.")
-        return None
-    if shutil.which(cpp_extension.get_cxx_compiler()) is None:
-        print("CUDA GeLU: skipped, no C++ compiler on PATH.")
-        return None
+    for capability, problem in (("cxx", cxx_problem(cpp_extension.get_cxx_compiler())),
+                                ("nvcc", nvcc_problem())):
+        if problem is not None:
+            skip_or_fail("the CUDA GeLU", capability, problem)
+            return None
     start = time.perf_counter()
-    try:
-        module = cpp_extension.load_inline(
-            name="lecture06_04_gelu_cuda",
-            cpp_sources=BINDING_SOURCE,
-            cuda_sources=CUDA_GELU_SOURCE,
-            functions=["gelu"],
-            no_implicit_headers=True,
-            with_pytorch_error_handling=False,
-            verbose=False,
-        )
-    except (RuntimeError, OSError) as error:
-        print(f"CUDA GeLU: build failed, {str(error).splitlines()[0]}")
-        return None
+    module = cpp_extension.load_inline(
+        name="lecture06_04_gelu_cuda",
+        cpp_sources=BINDING_SOURCE,
+        cuda_sources=CUDA_GELU_SOURCE,
+        functions=["gelu"],
+        no_implicit_headers=True,
+        with_pytorch_error_handling=False,
+        verbose=False,
+    )
     print(f"CUDA GeLU: built in {time.perf_counter() - start:.1f} s")
     return module.gelu
 
 
 def compile_gelu(example_input):
-    """``torch.compile`` of the manual GeLU, or None with the reason printed."""
-    start = time.perf_counter()
-    try:
-        compiled = torch.compile(manual_gelu, dynamic=False)
-        compiled(example_input)
-    except (RuntimeError, OSError) as error:  # compiler failures are RuntimeErrors
-        print(f"torch.compile: skipped, {type(error).__name__}: {str(error).splitlines()[0]}")
+    """``torch.compile`` of the manual GeLU, or None where torch.compile cannot work."""
+    missing = inductor_problem()
+    if missing is not None:
+        skip_or_fail("GeLU by torch.compile", *missing)
         return None
+    start = time.perf_counter()
+    compiled = torch.compile(manual_gelu, dynamic=False)
+    compiled(example_input)
     print(f"torch.compile: first call (compilation) took {time.perf_counter() - start:.1f} s")
     return compiled
 
