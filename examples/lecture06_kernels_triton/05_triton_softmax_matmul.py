@@ -39,9 +39,10 @@ try:
     import triton
     import triton.language as tl
 
-    HAVE_TRITON = True
-except ImportError:
-    HAVE_TRITON = False
+    TRITON_IMPORT_ERROR = None
+except ImportError as error:
+    TRITON_IMPORT_ERROR = error
+HAVE_TRITON = TRITON_IMPORT_ERROR is None
 
 torch.manual_seed(0)
 
@@ -52,8 +53,16 @@ def device_name():
     return f"CPU ({platform.machine()})"
 
 
+def skip_or_fail(section, capability, reason):
+    """Readers' runs skip a part whose tool is missing; the site's builds require it."""
+    if capability in os.environ.get("COURSE_REQUIRE", "").split(","):
+        raise RuntimeError(f"{section}: this build requires {capability}, but {reason}")
+    print(f"Skipped {section}: {capability} is missing ({reason}).")
+
+
 if not HAVE_TRITON:
-    print("Triton is not installed: the kernels are skipped, PyTorch is still timed.")
+    skip_or_fail("the Triton kernels (PyTorch is still timed)", "triton",
+                 f"import triton failed: {TRITON_IMPORT_ERROR}")
 elif DEVICE == "cuda":
     print(f"{device_name()}: full sizes, Triton compiled and timed.")
 else:
@@ -440,9 +449,11 @@ if HAVE_TRITON:
 def matmul_dtype():
     if DEVICE == "cpu":
         return torch.float32
-    if torch.cuda.get_device_capability() >= (8, 0):
+    capability = torch.cuda.get_device_capability()
+    if capability >= (8, 0):
         return torch.bfloat16
-    print("This GPU predates bfloat16 (compute capability 8.0): using float16.")
+    skip_or_fail("the bfloat16 matmuls", "sm80",
+                 "compute capability {}.{} predates bfloat16; float16 instead".format(*capability))
     return torch.float16
 
 
@@ -502,7 +513,9 @@ def check_every_matmul_config(m, n, k):
 
 
 def interpreter_cannot_loop(error):
-    return DEVICE != "cuda" and "0-dimensional arrays" in str(error)
+    """The known interpreter bug, and only on a CPU: on CUDA no Triton failure is excused."""
+    interpreted = DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+    return interpreted and "0-dimensional arrays" in str(error)
 
 
 if HAVE_TRITON:
@@ -521,8 +534,9 @@ if HAVE_TRITON:
     except Exception as error:  # only the known interpreter bug is excused below
         if not interpreter_cannot_loop(error):
             raise
-        print("Skipped the interpreted matmul check: this NumPy breaks Triton's "
-              "interpreter on runtime loop bounds (triton-lang/triton#9171); use numpy<2.4.")
+        skip_or_fail("the interpreted matmul check", "triton",
+                     "this NumPy breaks Triton's interpreter on runtime loop bounds "
+                     "(triton-lang/triton#9171); use numpy<2.4")
 
 # %%
 # Program order and L2 reuse, counted
