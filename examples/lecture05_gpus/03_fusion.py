@@ -24,6 +24,10 @@ function there.
 # ceiling for memory-bound work.
 
 import math
+import os
+import shutil
+import subprocess
+import tempfile
 import time
 
 import matplotlib.pyplot as plt
@@ -128,26 +132,67 @@ for name, (_, _, eager_units) in CHAINS.items():
 # Triton, no C++ compiler), the page says so and keeps the eager results.
 
 
+def skip_or_fail(section, capability, reason):
+    """Readers' runs skip a part whose tool is missing; the site's builds require it."""
+    if capability in os.environ.get("COURSE_REQUIRE", "").split(","):
+        raise RuntimeError(f"{section}: this build requires {capability}, but {reason}")
+    print(f"Skipped {section}: {capability} is missing ({reason}).")
+
+
+def cxx_problem(compiler):
+    """Why ``compiler`` cannot build C++ here, or None once it compiles a one-line file."""
+    if shutil.which(compiler) is None:
+        return f"no C++ compiler {compiler!r} is on PATH"
+    with tempfile.TemporaryDirectory() as folder:
+        source = os.path.join(folder, "probe.cpp")
+        with open(source, "w") as file:
+            file.write("int probe() { return 0; }\n")
+        try:
+            done = subprocess.run([compiler, "-c", source, "-o", source + ".o"],
+                                  capture_output=True, text=True, check=False)
+        except OSError as error:  # on PATH but not runnable, e.g. a script without #!
+            return f"{compiler} cannot be run ({error})"
+    if done.returncode != 0:
+        return f"{compiler} fails on a one-line .cpp file (exit {done.returncode})"
+    return None
+
+
+def inductor_problem():
+    """(capability, reason) if torch.compile cannot work here, or None."""
+    if DEVICE == "cpu" and (problem := cxx_problem(inductor_config.cpp.cxx[-1])) is not None:
+        return "cxx", problem  # Inductor's compiler on a CPU: $CXX, else g++
+    if DEVICE == "cuda":
+        try:
+            import triton  # noqa: F401 (Inductor writes Triton kernels on a GPU)
+        except ImportError as error:
+            return "triton", f"import triton failed: {error}"
+    try:
+        torch.compile(lambda t: 2 * t + 1)(torch.arange(5.0, device=DEVICE))
+    except Exception as error:  # noqa: BLE001 (a one-line function failed: Inductor is broken)
+        return "inductor", f"a one-line torch.compile failed, {type(error).__name__}"
+    finally:
+        torch.compiler.reset()
+    return None
+
+
 def compile_chain(fn, args):
-    """torch.compile fn and run it once; None (with a printed reason) if that fails."""
+    """torch.compile fn and run it once: (compiled function, seconds of the first call)."""
     compiled = torch.compile(fn)
     start = time.perf_counter()
-    try:
-        # On a CPU, ask Inductor to label its kernels in the profiler.
-        with inductor_config.patch({"cpp.enable_kernel_profile": True}):
-            compiled(*args)
-    except (RuntimeError, OSError, ImportError) as error:
-        print(f"torch.compile failed for {fn.__name__} ({type(error).__name__}); "
-              "showing eager only.")
-        return None, None
+    # On a CPU, ask Inductor to label its kernels in the profiler.
+    with inductor_config.patch({"cpp.enable_kernel_profile": True}):
+        compiled(*args)
     return compiled, time.perf_counter() - start
 
 
+# A missing compiler skips the fused versions; a failure to compile our chains fails the page.
 fused = {}
-for name, (fn, extra, _) in CHAINS.items():
-    compiled, seconds = compile_chain(fn, (x, *extra))
-    if compiled is not None:
-        fused[name] = compiled
+missing = inductor_problem()
+if missing is not None:
+    skip_or_fail("the fused versions (eager results only)", *missing)
+else:
+    for name, (fn, extra, _) in CHAINS.items():
+        fused[name], seconds = compile_chain(fn, (x, *extra))
         print(f"compiled {name:<14} in {seconds:5.1f} s (first call)")
 
 # %%
