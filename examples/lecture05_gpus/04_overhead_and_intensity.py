@@ -23,12 +23,17 @@ because each compile takes seconds.
 # would time the cache instead of main memory.
 
 import math
+import os
 import platform
+import shutil
 import statistics
+import subprocess
+import tempfile
 import time
 
 import matplotlib.pyplot as plt
 import torch
+import torch._inductor.config as inductor_config
 from torch.utils.benchmark import Timer
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -205,15 +210,59 @@ def check_against_eager(x, compiled_out, repeats):
     torch.testing.assert_close(compiled_out, reference.float())
 
 
+def skip_or_fail(section, capability, reason):
+    """Readers' runs skip a part whose tool is missing; the site's builds require it."""
+    if capability in os.environ.get("COURSE_REQUIRE", "").split(","):
+        raise RuntimeError(f"{section}: this build requires {capability}, but {reason}")
+    print(f"Skipped {section}: {capability} is missing ({reason}).")
+
+
+def cxx_problem(compiler):
+    """Why ``compiler`` cannot build C++ here, or None once it compiles a one-line file."""
+    if shutil.which(compiler) is None:
+        return f"no C++ compiler {compiler!r} is on PATH"
+    with tempfile.TemporaryDirectory() as folder:
+        source = os.path.join(folder, "probe.cpp")
+        with open(source, "w") as file:
+            file.write("int probe() { return 0; }\n")
+        try:
+            done = subprocess.run([compiler, "-c", source, "-o", source + ".o"],
+                                  capture_output=True, text=True, check=False)
+        except OSError as error:  # on PATH but not runnable, e.g. a script without #!
+            return f"{compiler} cannot be run ({error})"
+    if done.returncode != 0:
+        return f"{compiler} fails on a one-line .cpp file (exit {done.returncode})"
+    return None
+
+
+def inductor_problem():
+    """(capability, reason) if torch.compile cannot work here, or None."""
+    if DEVICE == "cpu" and (problem := cxx_problem(inductor_config.cpp.cxx[-1])) is not None:
+        return "cxx", problem  # Inductor's compiler on a CPU: $CXX, else g++
+    if DEVICE == "cuda":
+        try:
+            import triton  # noqa: F401 (Inductor writes Triton kernels on a GPU)
+        except ImportError as error:
+            return "triton", f"import triton failed: {error}"
+    try:
+        torch.compile(lambda t: 2 * t + 1)(torch.arange(5.0, device=DEVICE))
+    except Exception as error:  # noqa: BLE001 (a one-line function failed: Inductor is broken)
+        return "inductor", f"a one-line torch.compile failed, {type(error).__name__}"
+    finally:
+        torch.compiler.reset()
+    return None
+
+
+# A missing compiler skips the sweep; a failure to compile our chain fails the page.
 x = torch.rand(CHAIN_ELEMENTS, device=DEVICE)
 out = torch.empty_like(x)
 chain_rows = []
-for repeats in CHAIN_LENGTHS:
-    try:
-        compiled, first_call_seconds = compile_chain(x, out, repeats)
-    except Exception as error:  # noqa: BLE001 - e.g. no C++ compiler for Inductor on CPU
-        print(f"torch.compile failed at r={repeats} ({type(error).__name__}); the sweep stops here.")
-        break
+missing = inductor_problem()
+if missing is not None:
+    skip_or_fail("the fused-chain sweep", *missing)
+swept_lengths = CHAIN_LENGTHS if missing is None else []
+for repeats in swept_lengths:
+    compiled, first_call_seconds = compile_chain(x, out, repeats)
     if repeats == CHECK_LENGTH:
         check_against_eager(x, out, repeats)
         print(f"compiled chain r={repeats} matches eager float64 on {x.numel():,} elements")
