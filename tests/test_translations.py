@@ -1,4 +1,10 @@
-"""The Chinese edition is complete and current: every message of every page is translated."""
+"""The Chinese edition is complete, current and well formed.
+
+Complete and current: every message of every page is translated. Well formed:
+CJK typography (autocorrect-py and our rules) and markup parity, checked by
+tools/check_translation.py; each check also runs on a planted bad translation
+to show that it fails. Terminology is tests/test_terminology.py.
+"""
 
 import subprocess
 import sys
@@ -7,7 +13,15 @@ import pytest
 from babel.messages.pofile import read_po
 
 from tools.catalog_stats import LOCALE, all_stats
+from tools.check_translation import (
+    markup_findings,
+    translated_messages,
+    typography_findings,
+    write_catalog,
+)
 from tools.site_build import copy_checkout
+
+PLANTED = "auto_examples/lecture06_kernels_triton/planted.po"
 
 
 def test_every_catalog_is_fully_translated():
@@ -43,3 +57,94 @@ def test_catalogs_are_current(templates):
             have = {m.id for m in read_po(f) if m.id and m.string and not m.fuzzy}
         missing = wanted - have
         assert not missing, f"{name}: {len(missing)} messages not translated, e.g. {sorted(missing)[:2]}"
+
+
+def test_no_catalog_header_is_fuzzy():
+    """A fuzzy header makes msgfmt drop the header, charset included."""
+    fuzzy = []
+    for po in sorted(LOCALE.rglob("*.po")):
+        with open(po, "rb") as f:
+            if read_po(f).fuzzy:
+                fuzzy.append(po.relative_to(LOCALE).as_posix())
+    assert not fuzzy, f"delete the '#, fuzzy' line above msgid \"\" in: {fuzzy}"
+
+
+# -- CJK typography ------------------------------------------------------------------------
+
+
+def test_cjk_typography_of_every_translation():
+    findings = typography_findings(translated_messages())
+    assert not findings, "\n".join(map(str, findings))
+
+
+def planted_typography(tmp_path, msgstr):
+    write_catalog(tmp_path, PLANTED, [("A planted message.", msgstr)])
+    return typography_findings(translated_messages(tmp_path))
+
+
+@pytest.mark.parametrize("msgstr, wrong", [
+    ("使用Triton编写核函数。", "使用Triton编写"),           # no space between Chinese and Latin
+    ("运行10次。", "运行10次"),                              # nor between Chinese and digits
+    ("先热身,再计时。", "热身,再计时"),                        # a half-width comma between Chinese words
+    ("先热身 , 再计时。", "热身 , 再计时"),
+    ("测到的是什么?", "什么?"),                              # half-width question mark
+    ("这是\"说谎\"的计时器。", "\"说谎\""),                   # straight quotes
+    ("用(括号)说明。", "(括号)"),                            # half-width parentheses around Chinese
+    ("调用``torch.compile``即可。", "``torch.compile``"),    # code is Latin text: it wants spaces too
+    ("`0.044715 * ·`, `x + ·`, `c * ·`", "`, `"),            # a Chinese list of code takes 、
+])
+def test_a_typography_error_is_reported(tmp_path, msgstr, wrong):
+    findings = planted_typography(tmp_path, msgstr)
+    assert findings, f"no finding for {msgstr!r}"
+    assert all(f.catalog == PLANTED and f.msgid == "A planted message." for f in findings)
+    assert any(wrong in f.detail for f in findings), [f.detail for f in findings]
+
+
+@pytest.mark.parametrize("msgstr", [
+    "调用 ``torch.compile(fn, fullgraph=True)`` 即可，不需要 `a,b`。",   # code is left alone
+    "设带宽为 :math:`B`\\ （字节/秒），则 $t = F/P,\\ Q/B$。",          # math and escapes too
+    "这是\\ :ref:`sphx_glr_auto_examples_lecture05_gpus_03_fusion.py`\\ 的主题。",
+    "{ref}`第 6 讲 <l6-fusion>`会讲到。",                             # the label shows Chinese
+    "见 [NVIDIA 数据手册](https://www.nvidia.com/en-us/data-center/h200/)。",
+    "`由 Sphinx-Gallery 生成的示例集 <https://sphinx-gallery.github.io>`_",
+    "依据张量 *数值* 的 Python ``if`` 语句",
+])
+def test_markup_is_not_linted(tmp_path, msgstr):
+    assert not planted_typography(tmp_path, msgstr)
+
+
+# -- Markup parity ---------------------------------------------------------------------------
+
+
+def test_every_translation_keeps_its_markup():
+    findings = markup_findings(translated_messages())
+    assert not findings, "\n".join(map(str, findings))
+
+
+@pytest.mark.parametrize("msgid, msgstr, lost", [
+    ("Call `torch.compile` once.", "调用一次即可。", "`torch.compile`"),
+    ("Time it with ``do_bench``.", "用 ``do_bench()`` 计时。", "``do_bench``"),
+    ("See {ref}`the fusion section <l5-fusion>`.", "见{ref}`融合一节 <l5-fusion2>`。", "{ref}`l5-fusion`"),
+    ("See :doc:`/lectures/lecture05_gpus`.", "见第 5 讲。", "{doc}`/lectures/lecture05_gpus`"),
+    ("It reads [the guide](https://docs.nvidia.com/cuda/).", "见[指南](https://docs.nvidia.com/)。",
+     "link https://docs.nvidia.com/cuda/"),
+    ("It needs $2n^3$ FLOPs.", "它需要 $2n^2$ 次浮点运算。", "$2n^3$"),
+    ("With :math:`B` (bytes/s).", "带宽为 B。", "{math}`B`"),
+    ("Built by |project|.", "由本项目构建。", "|project|"),
+    ("S = \\frac{QK^\\top}{\\sqrt{d}}", "S = \\frac{QK}{\\sqrt{d}}", ""),
+])
+def test_a_markup_change_is_reported(tmp_path, msgid, msgstr, lost):
+    write_catalog(tmp_path, PLANTED, [(msgid, msgstr)])
+    findings = markup_findings(translated_messages(tmp_path))
+    assert [(f.catalog, f.msgid) for f in findings] == [(PLANTED, msgid)]
+    assert lost in findings[0].detail, findings[0].detail
+
+
+def test_translated_words_in_math_and_labels_keep_parity(tmp_path):
+    write_catalog(tmp_path, PLANTED, [
+        ("\\text{waves} = \\lceil b/S \\rceil", "\\text{波次数} = \\lceil b/S \\rceil"),
+        ("See {ref}`the fusion section <l5-fusion>` and $t_\\text{eager}$.",
+         "见{ref}`融合一节 <l5-fusion>`和 $t_\\text{eager}$。"),
+        (":ref:`Go to the end <sphx_glr_download_x.py>` to download.", ":ref:`跳转到页末 <sphx_glr_download_x.py>` 下载。"),
+    ])
+    assert not markup_findings(translated_messages(tmp_path))
