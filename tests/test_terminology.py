@@ -18,6 +18,7 @@ from tools.check_translation import (
 
 GLOSSARY_PAGE = GLOSSARY_DATA.with_suffix(".md")
 PLANTED = "lectures/planted.po"
+PLANTED_EXAMPLE = "auto_examples/lecture05_gpus/planted.po"  # reStructuredText, whose formulas translate
 
 
 def glossary_tables():
@@ -29,8 +30,8 @@ def glossary_tables():
     return rows
 
 
-def findings_for(tmp_path, pairs, fuzzy=(), glossary=None):
-    write_catalog(tmp_path, PLANTED, pairs, fuzzy)
+def findings_for(tmp_path, pairs, fuzzy=(), glossary=None, catalog=PLANTED):
+    write_catalog(tmp_path, catalog, pairs, fuzzy)
     return terminology_findings(translated_messages(tmp_path), glossary)
 
 
@@ -116,8 +117,9 @@ def test_english_left_in_math_is_reported(tmp_path):
     findings = findings_for(tmp_path, [
         ("\\text{waves} = \\lceil b / S \\rceil", "\\text{waves} = \\lceil b / S \\rceil"),
         ("\\text{tiles} = \\lceil n / t \\rceil", "\\text{分块数} = \\lceil n / t \\rceil"),
-        ("It takes $t_\\text{eager}$ at $I$ FLOP/byte.", "它耗时 $t_\\text{eager}$，强度为 $I$ FLOP/byte。"),
-    ])
+        ("It takes :math:`t_\\text{eager}` at :math:`I\\ \\text{FLOP/byte}`.",
+         "它耗时 :math:`t_\\text{eager}`，强度为 :math:`I\\ \\text{FLOP/byte}`。"),
+    ], catalog=PLANTED_EXAMPLE)
     assert [f.msgid for f in findings] == ["\\text{waves} = \\lceil b / S \\rceil"]
     assert "\\text{waves}" in findings[0].detail
 

@@ -140,6 +140,17 @@ def test_a_markup_change_is_reported(tmp_path, msgid, msgstr, lost):
     assert lost in findings[0].detail, findings[0].detail
 
 
+def test_a_translated_formula_of_a_myst_page_is_reported(tmp_path):
+    """Sphinx renders a translated math block of a MyST page as "::"; there it stays English."""
+    write_catalog(tmp_path, "lectures/planted.po", [
+        ("\\text{waves} = \\lceil b/S \\rceil", "\\text{波次数} = \\lceil b/S \\rceil"),
+        ("\\text{tiles} = \\lceil n/t \\rceil", "\\text{tiles} = \\lceil n/t \\rceil"),
+    ])
+    findings = markup_findings(translated_messages(tmp_path))
+    assert [f.msgid for f in findings] == ["\\text{waves} = \\lceil b/S \\rceil"]
+    assert "'::'" in findings[0].detail
+
+
 def test_translated_words_in_math_and_labels_keep_parity(tmp_path):
     write_catalog(tmp_path, PLANTED, [
         ("\\text{waves} = \\lceil b/S \\rceil", "\\text{波次数} = \\lceil b/S \\rceil"),
