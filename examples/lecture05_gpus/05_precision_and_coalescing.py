@@ -21,6 +21,7 @@ sizes; whether bfloat16 arithmetic is fast there depends on the CPU.
 # Memory"). That size is the ``TRANSACTION_BYTES`` of the model below.
 
 import math
+import os
 import platform
 
 import matplotlib.pyplot as plt
@@ -83,8 +84,19 @@ def copy_bandwidth(n_elements):
 print(f"device: {DEVICE_NAME}, torch {torch.__version__}")
 COPY_GBS = copy_bandwidth(COPY_ELEMENTS) / 1e9
 print(f"copy bandwidth (ceiling): {COPY_GBS:.1f} GB/s")
-if not BF16_OK:
-    print("This GPU has no native bfloat16 support; skipping the precision section.")
+
+
+def skip_or_fail(section, capability, reason):
+    """Readers' runs skip a part whose tool is missing; the site's builds require it."""
+    if capability in os.environ.get("COURSE_REQUIRE", "").split(","):
+        raise RuntimeError(f"{section}: this build requires {capability}, but {reason}")
+    print(f"Skipped {section}: {capability} is missing ({reason}).")
+
+
+if not BF16_OK:  # the whole section is about bfloat16, so float32 alone stays
+    skip_or_fail("the precision section (float32 against bfloat16)", "sm80",
+                 "compute capability {}.{} has no native bfloat16".format(
+                     *torch.cuda.get_device_capability()))
 
 # %%
 # Predict: half the bytes, half the time?
