@@ -42,7 +42,10 @@ if DEVICE == "cuda":
     SORT_KEY = "self_device_time_total"
     ROWS, COLS = 4096, 4096  # elementwise and softmax inputs: 16M floats
     MATMUL_SIZES = (64, 4096)
-    MATMUL_DTYPE = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    # Emulated bfloat16 (before compute capability 8.0) would profile the emulation.
+    MATMUL_DTYPE = torch.bfloat16 if torch.cuda.get_device_capability() >= (8, 0) else torch.float32
+    if MATMUL_DTYPE == torch.float32:
+        print("This GPU has no native bfloat16 (needs compute capability 8.0): float32 matmuls.")
     DEVICE_NAME = torch.cuda.get_device_name()
     print("CUDA: the profiler sees every kernel and its time on the GPU.")
 else:
