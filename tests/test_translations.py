@@ -12,7 +12,7 @@ import sys
 import pytest
 from babel.messages.pofile import read_po
 
-from tools.catalog_stats import LOCALE, all_stats
+from tools.catalog_stats import LOCALE, all_stats, fuzzy_headers
 from tools.check_translation import (
     markup_findings,
     translated_messages,
@@ -61,12 +61,14 @@ def test_catalogs_are_current(templates):
 
 def test_no_catalog_header_is_fuzzy():
     """A fuzzy header makes msgfmt drop the header, charset included."""
-    fuzzy = []
-    for po in sorted(LOCALE.rglob("*.po")):
-        with open(po, "rb") as f:
-            if read_po(f).fuzzy:
-                fuzzy.append(po.relative_to(LOCALE).as_posix())
+    fuzzy = fuzzy_headers()
     assert not fuzzy, f"delete the '#, fuzzy' line above msgid \"\" in: {fuzzy}"
+
+
+def test_a_fuzzy_header_is_reported(tmp_path):
+    path = write_catalog(tmp_path, PLANTED, [("Setup", "准备工作")])
+    path.write_text("#, fuzzy\n" + path.read_text(encoding="utf-8"), encoding="utf-8")
+    assert fuzzy_headers(tmp_path) == [PLANTED]
 
 
 # -- CJK typography ------------------------------------------------------------------------
