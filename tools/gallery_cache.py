@@ -11,6 +11,10 @@ keeps the provenance note of the machine that really executed it.
     python tools/gallery_cache.py save      # after a build: keep its outputs
     python tools/gallery_cache.py restore   # before a build: reuse what still matches
     python tools/gallery_cache.py status    # which entries match the sources
+    python tools/gallery_cache.py import OUT...   # merge the GPU build's tarballs (tools/gpu_build.sh)
+
+An entry that matches its example wins over outputs a local build left for the
+same source: the cache holds what the site should show (the GPU's outputs).
 """
 
 import argparse
@@ -18,6 +22,8 @@ import hashlib
 import json
 import shutil
 import sys
+import tarfile
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,13 +82,23 @@ def matching_entry(cache, example):
     return None
 
 
+def already_restored(gallery, entry, example):
+    """True when the gallery holds this very entry's outputs, not another run's."""
+    record = Path("provenance", f"{example.stem}.json")
+    local, cached = gallery / record, entry / record
+    return (outputs_are_current(gallery, example) and local.is_file() and cached.is_file()
+            and local.read_bytes() == cached.read_bytes())
+
+
 def restore(cache):
     restored = 0
     for example in EXAMPLES:
         gallery = GENERATED / example.parent.name
         entry = matching_entry(cache, example)
-        if entry is None or outputs_are_current(gallery, example):
+        if entry is None or already_restored(gallery, entry, example):
             continue
+        for name in generated_files(gallery, example.stem):  # another run's figures must not linger
+            (gallery / name).unlink()
         for path in entry.rglob("*"):
             if path.is_file() and path.name != "CACHE.json":
                 target = gallery / path.relative_to(entry)
@@ -94,21 +110,65 @@ def restore(cache):
 
 
 def status(cache):
+    entries = sorted(cache.glob("*/*/CACHE.json")) if cache.is_dir() else []
+    if not entries:
+        where = cache.relative_to(REPO) if cache.is_relative_to(REPO) else cache
+        why = "holds no entries" if cache.is_dir() else "does not exist"
+        print(f"There is no gallery cache: {where}/ {why}. No example's outputs are kept, so"
+              f" make html executes all {len(EXAMPLES)} examples on this machine. GPU outputs"
+              " get there with tools/gpu_build.sh and make gpu-import"
+              " (docs/building-on-a-gpu-machine.md).")
+        return 0
+    current = 0
     for example in EXAMPLES:
-        entry = matching_entry(cache, example)
-        if entry is None:
-            print(f"stale or missing  {example.parent.name}/{example.name}")
+        name = f"{example.parent.name}/{example.name}"
+        key = cache / example.parent.name / example.stem / "CACHE.json"
+        if not key.is_file():
+            print(f"missing  {name}: no entry; make html executes it here")
+        elif matching_entry(cache, example) is None:
+            print(f"stale    {name}: the example changed since its entry was made; make html executes it here")
         else:
-            device = json.loads((entry / "CACHE.json").read_text())["device"]
-            print(f"current           {example.parent.name}/{example.name}  ({device})")
+            current += 1
+            device = json.loads(key.read_text())["device"]
+            print(f"current  {name}  ({device})")
+    print(f"{current} of {len(EXAMPLES)} examples have a current entry in {cache}")
+    return current
+
+
+def import_outputs(cache, outs):
+    """Merge the gallery-cache tarballs of one or more GPU builds (or shards of one) into ``cache``."""
+    imported = 0
+    for out in outs:
+        tarball = out / "gallery-cache.tar.gz" if out.is_dir() else out
+        with tempfile.TemporaryDirectory() as tmp, tarfile.open(tarball) as archive:
+            archive.extractall(tmp, filter="data")
+            for key in sorted(Path(tmp).glob("gallery-cache/*/*/CACHE.json")):
+                lecture, stem = key.parent.parent.name, key.parent.name
+                example = next((e for e in EXAMPLES if e.parent.name == lecture and e.stem == stem), None)
+                made_from = json.loads(key.read_text())["source_sha256"]
+                if example is None or made_from != source_hash(example):
+                    print(f"skipped  {lecture}/{stem}: {tarball} was made from another version of it")
+                    continue
+                entry = cache / lecture / stem
+                shutil.rmtree(entry, ignore_errors=True)
+                shutil.copytree(key.parent, entry)
+                imported += 1
+                print(f"imported {lecture}/{stem} ({json.loads(key.read_text())['device']})")
+    return imported
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["save", "restore", "status"])
+    parser.add_argument("command", choices=["save", "restore", "status", "import"])
+    parser.add_argument("outs", nargs="*", type=Path,
+                        help="import: folders that tools/gpu_build.sh wrote, or their gallery-cache.tar.gz")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     args = parser.parse_args()
-    if args.command == "save":
+    if args.command == "import":
+        if not args.outs:
+            parser.error("import needs the folders tools/gpu_build.sh wrote")
+        print(f"{import_outputs(args.cache, args.outs)} entries imported into {args.cache}")
+    elif args.command == "save":
         print(f"{save(args.cache)} of {len(EXAMPLES)} examples saved to {args.cache}")
     elif args.command == "restore":
         if args.cache.is_dir():
