@@ -735,7 +735,7 @@ def call_past_recompile_limit():
     counter = GraphCounter()
     compiled = torch.compile(scaled_sine, backend=counter, dynamic=False)
     logger = logging.getLogger("torch._dynamo.convert_frame")
-    handler = DynamoWarnings()
+    handler, propagate = DynamoWarnings(), logger.propagate
     logger.addHandler(handler)
     logger.propagate = False  # printed below, once, instead of to stderr
 
@@ -752,7 +752,7 @@ def call_past_recompile_limit():
         runs = {"new": compiled_runs(1000), "old": compiled_runs(8)}
     finally:
         logger.removeHandler(handler)
-        logger.propagate = True
+        logger.propagate = propagate
     return limit, counter.kinds, handler.messages, runs
 
 
@@ -981,6 +981,7 @@ def check_mode_options(options):
 
 
 mode_options = torch._inductor.list_mode_options()
+print("mode                         options it switches on")
 for mode in MODES:
     switched_on = [name for name, value in mode_options[mode].items() if value]
     print(f"{mode:<28} {', '.join(switched_on)}")
