@@ -43,6 +43,7 @@ extensions = [
     "sphinx_sitemap",
     "notfound.extension",
     "katex_math",
+    "myst_math_i18n",
     "sphinx.ext.intersphinx",
     "sphinx_codeautolink",
 ]
