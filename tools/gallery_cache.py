@@ -163,6 +163,8 @@ def main():
     parser.add_argument("outs", nargs="*", type=Path,
                         help="import: folders that tools/gpu_build.sh wrote, or their gallery-cache.tar.gz")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    parser.add_argument("--require-all", action="store_true",
+                        help="status: fail unless every example has a current entry (the publishing workflow)")
     args = parser.parse_args()
     if args.command == "import":
         if not args.outs:
@@ -173,8 +175,8 @@ def main():
     elif args.command == "restore":
         if args.cache.is_dir():
             print(f"{restore(args.cache)} examples restored from {args.cache}")
-    else:
-        status(args.cache)
+    elif status(args.cache) < len(EXAMPLES) and args.require_all:
+        return 1
     return 0
 
 

@@ -15,7 +15,7 @@ import traceback
 
 import torch
 
-RESULT_MARKER = "GPU-CHECK-RESULT "
+RESULT_MARKER = "GPU-CHECK-RESULT "  # tools/gpu_check.py reads it
 
 
 def run(path):
