@@ -12,7 +12,8 @@ fraction of copy bandwidth it reaches.
 kernel, also needs ``nvcc`` and a C++ compiler. On a CPU, Triton runs in
 interpreter mode (``TRITON_INTERPRET=1``) at small sizes: the page checks
 every kernel and counts programs, but times only PyTorch and
-``torch.compile``. Without Triton, the Triton parts are skipped.
+``torch.compile``. That a Triton kernel inside ``torch.compile`` stays one
+graph is checked on a GPU only. Without Triton, the Triton parts are skipped.
 """
 
 # %%
