@@ -140,6 +140,8 @@ def import_outputs(cache, outs):
     imported = 0
     for out in outs:
         tarball = out / "gallery-cache.tar.gz" if out.is_dir() else out
+        if not tarball.is_file():
+            raise SystemExit(f"{tarball} does not exist: give the folders tools/gpu_build.sh wrote")
         with tempfile.TemporaryDirectory() as tmp, tarfile.open(tarball) as archive:
             archive.extractall(tmp, filter="data")
             for key in sorted(Path(tmp).glob("gallery-cache/*/*/CACHE.json")):
