@@ -26,6 +26,7 @@ fi
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$1"
 OUT=$(cd "$1" && pwd)
+rm -f "$OUT/report.md" "$OUT/report.json" "$OUT/gallery-cache.tar.gz"  # no results of an earlier call
 PYTHON=${PYTHON:-python3}
 WHEELS=${WHEELS:-$REPO/.cache/gpu-wheels}
 
@@ -46,11 +47,12 @@ build() {
     --find-links "$WHEELS" --target "$tmp/site" -r "$WHEELS/requirements.txt"
   export PYTHONPATH="$tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 
-  # A copy without earlier outputs: no md5 or provenance of another build can count.
+  # The pages name the commit; the copy below has no .git to ask.
   if [ -z "${COURSE_GIT_COMMIT:-}" ] && COURSE_GIT_COMMIT=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null); then
     [ -z "$(git -C "$REPO" status --porcelain -- examples)" ] || COURSE_GIT_COMMIT+="+modified"
   fi
   export COURSE_GIT_COMMIT=${COURSE_GIT_COMMIT:-unknown (not a git checkout)}
+  # A copy without earlier outputs: no md5 or provenance of another build can count.
   mkdir "$tmp/work"
   tar -C "$REPO" --exclude=.git --exclude=.venv --exclude=.cache --exclude=_build \
     --exclude=gallery-cache --exclude=source/auto_examples --exclude=source/sg_execution_times.rst \
