@@ -397,8 +397,9 @@ if HAVE_TRITON:
 # The best tile shape depends on the GPU and the problem, so on CUDA
 # :func:`triton.autotune` times a handful of configurations the first time it
 # sees a new ``(M, N, K)`` and keeps the fastest. The interpreter cannot
-# autotune meaningfully, so a CPU uses one small fixed configuration (the
-# smallest tiles ``tl.dot`` accepts are 16 wide).
+# autotune meaningfully, so a CPU launches one small fixed configuration (the
+# smallest tiles ``tl.dot`` accepts are 16 wide); the check further below still
+# runs every configuration in the list once.
 
 if HAVE_TRITON:
 
@@ -723,3 +724,16 @@ if "Triton" in matmul_tflops:
     KEY_FIGURES[f"matmul_triton_{largest}_TFLOPps"] = matmul_tflops["Triton"][-1]
     KEY_FIGURES[f"matmul_triton_fraction_of_torch_{largest}"] = (
         matmul_tflops["Triton"][-1] / matmul_tflops["torch.matmul"][-1])
+
+# The Triton calls of the CUDA branch, for the course's ahead-of-time compile check: it
+# calls each host function on shape-only tensors, with DEVICE == "cuda", and compiles
+# every launch, and every autotune configuration, for five GPU generations.
+# (host function, [(shape, dtype)], keywords)
+GPU_LAUNCHES = (
+    [("triton_softmax", [((rows, cols), torch.float32)], {}) for rows, cols, _ in SOFTMAX_TEST_CASES]
+    + [("triton_softmax", [((SOFTMAX_ROWS, cols), torch.float32)], {}) for cols in SOFTMAX_COLS]
+    + [("triton_matmul", [((m, k), MATMUL_DTYPE), ((k, n), MATMUL_DTYPE)], {"activation": activation})
+       for m, n, k in MATMUL_TEST_SHAPES for activation in ("", "gelu_tanh")]
+    + [("triton_matmul", [((size, size), MATMUL_DTYPE)] * 2, {}) for size in MATMUL_SIZES]
+    + [("triton_matmul", [((largest, largest), MATMUL_DTYPE)] * 2, {"activation": "gelu_tanh"})]
+)
