@@ -86,6 +86,19 @@ print(f"input {tuple(SHAPE)} float32, {TENSOR_BYTES / 1e6:.0f} MB; "
 # writes in units of the whole tensor (row-sized vectors such as the RMSNorm
 # statistics are small and left out). A fused kernel reads :math:`x` once and
 # writes the result once: 2 units.
+#
+# For RMSNorm the 2 needs a condition. Each output needs its row's mean
+# square, so the fused kernel passes over a row twice: once to sum the
+# squares, once to normalise. Inductor keeps a whole row in registers between
+# the passes only for short rows (a *persistent* reduction; on a GPU up to
+# 1024 elements, ``should_use_persistent_reduction`` in
+# ``torch/_inductor/choices.py``). Our rows of 8193 (GPU) and 4097 (CPU)
+# elements are longer, so the kernel reads every row twice. The count of 2
+# holds when the second read comes from cache: the row, 32 KB on the GPU and
+# 16 KB on the CPU, was read a moment earlier, and L2 (a core's own caches on
+# a CPU) still holds it. Were the second read served by DRAM, RMSNorm would
+# move 3 units and reach only two thirds of the copy bandwidth in the table
+# below, which counts 2.
 
 GELU_SCALE = math.sqrt(2 / math.pi)
 GELU_CUBIC = 0.044715
