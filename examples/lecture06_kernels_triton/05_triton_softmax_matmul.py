@@ -301,8 +301,8 @@ fig.tight_layout()
 # prove that rows start aligned and use wider loads. Row lengths that share a
 # ``BLOCK_SIZE`` and that pattern share one compiled kernel; the row length
 # itself is a runtime argument that only sets the mask. ``torch.softmax`` is
-# a single kernel too, but it must serve every shape and dtype; PyTorch's CUDA softmax picks among several
-# kernels by row length, and for longer rows its general kernel passes over
+# a single kernel too, but it must serve every shape and dtype; PyTorch's
+# CUDA softmax picks among several kernels by row length, and for longer rows its general kernel passes over
 # each row more than once, leaning on the caches. The naive version pays for
 # five round trips to memory, and the dotted line shows what that costs by
 # the byte count.
