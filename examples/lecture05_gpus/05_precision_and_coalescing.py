@@ -111,8 +111,11 @@ if not BF16_OK:  # the whole section is about bfloat16, so float32 alone stays
 # numbers. For large ``n`` it is compute-bound, so halving the bytes alone
 # buys little. What matters is whether the hardware multiplies bfloat16
 # faster than float32. GPU tensor cores do: NVIDIA's H100 datasheet lists
-# dense BF16 at about 15 times the FP32 rate. PyTorch keeps float32 matmuls in
-# full FP32 by default; TF32 has to be switched on. CPUs differ: some have
+# BF16 at 1,979 TFLOP/s *with sparsity*, so about 989 dense, against 67 for
+# FP32, about 15 times. PyTorch keeps float32 matmuls in full FP32 by
+# default; TF32 has to be switched on, since torch 2.9 with
+# ``torch.backends.cuda.matmul.fp32_precision = "tf32"``. cuDNN
+# convolutions, by contrast, use TF32 unless told otherwise. CPUs differ: some have
 # bfloat16 dot-product instructions, and the rest convert to float32 and can
 # end up slower than plain float32.
 #
@@ -272,6 +275,8 @@ for stride, (seconds, n), gbs, model, moved in zip(STRIDES, strided, useful_gbs,
                                                    bytes_per_useful):
     print(f"{stride:>6} {4 * n / 1e6:>10.1f} {seconds * 1e3:>9.3f} {gbs:>12.1f} {model:>11.1f} "
           f"{100 * gbs / COPY_GBS:>7.1f} {moved:>13.1f}")
+print(f"measured floor at stride {STRIDES[-1]}: 4 useful bytes in every {bytes_per_useful[-1]:.0f} moved "
+      f"(the model's floor: 4 in {TRANSACTION_BYTES})")
 
 # %%
 # Useful bandwidth against stride
