@@ -235,9 +235,10 @@ fig.tight_layout()
 # each block long enough that reading the clock costs nothing in comparison.
 # It synchronises the GPU around each block and reports the median over
 # blocks. Each block gives a *mean* over its calls, so on a busy machine with
-# frequent slow calls the library's figure sits above a per-call median; for
-# calls of many milliseconds a block is a single call and the two statistics
-# coincide.
+# frequent slow calls the library's figure sits above a per-call median. A
+# block is a single call, and the two statistics coincide, only when one call
+# lasts ten thousand times as long as reading the timer (on a GPU, a
+# synchronisation), or longer than ``min_run_time``.
 #
 # One detail matters on a CPU: ``Timer`` uses **one thread** unless told
 # otherwise, while PyTorch normally uses all cores, so we pass

@@ -140,8 +140,10 @@ def show(title, prof):
 # arrays and writes one. In the table, *self* time is time spent in an entry
 # itself, excluding what it called; on a GPU, sorting by self device time
 # puts the kernels that kept the GPU busy at the top. An operator's self CPU
-# time is its own C++ work (argument checks, dispatch, the kernel launch; on a
-# CPU also the arithmetic). Time spent in Python belongs to no entry: the
+# time is its own C++ work (argument checks, dispatch; on a CPU also the
+# arithmetic). On a GPU the launch call is an entry of its own, such as
+# ``cudaLaunchKernel``, inside the operator's total CPU time but not its self
+# time. Time spent in Python belongs to no entry: the
 # trace at the end shows it as gaps between operators.
 
 x = torch.randn(ROWS, COLS, device=DEVICE)

@@ -605,8 +605,8 @@ elif HAVE_TRITON:
 # ``torch.compile``, Triton, CUDA) should land near the floor. The manual
 # version should take several times longer, because it moves about eleven
 # times the bytes. How you fuse matters less than *that* you fuse. On a CPU,
-# ``tanh`` costs more arithmetic per element, and the gaps reflect
-# vectorization and threading as much as memory traffic.
+# ``tanh`` costs more arithmetic per element, and since every way is timed on
+# one thread, the gaps reflect vectorization as much as memory traffic.
 #
 # **Compile time.** The first call of ``torch.compile`` with empty caches is
 # what a new model, or a changed one, costs; with warm caches the same first
