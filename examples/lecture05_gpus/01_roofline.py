@@ -316,17 +316,30 @@ for (gpu, spec), colour in zip(GPU_SPECS.items(), ["tab:green", "tab:orange", "t
             "--", color=colour, label=f"{gpu} (datasheet, dense bf16)")
 ax.plot(intensities, [roofline_bound(THIS_MACHINE, i) / 1e12 for i in intensities],
         "-", color="black", linewidth=2, label="this machine (measured)")
+
+
+def point_label(name):
+    """'n=1024' for a square matmul, '16x8192x8192' for another one, else the name."""
+    dims = name.removeprefix("matmul ").split("x")
+    if name.startswith("matmul") and len(set(dims)) == 1:
+        return f"n={dims[0]}"
+    return name.removeprefix("matmul ")
+
+
 for index, row in enumerate(results):
     point = (row["intensity"], row["achieved"] / 1e12)
     ax.scatter(*point, color="tab:blue", zorder=3)
-    label = row["name"].replace("matmul ", "")
-    ax.annotate(label, point, fontsize=7, textcoords="offset points",
-                xytext=(5, -11) if index % 2 else (5, 5))
+    # Below and right of a point is off the roof; softmax, just left of GeLU, goes above left.
+    left = row["name"] == "softmax"
+    ax.annotate(point_label(row["name"]), point, fontsize=7, textcoords="offset points",
+                ha="right" if left else "left",
+                xytext=(-5, 5) if left else (5, -19 if index % 2 else -11))
 ax.set_xscale("log")
 ax.set_yscale("log")
 ax.set_xlabel("arithmetic intensity (FLOP / byte)")
 ax.set_ylabel("performance (TFLOP/s)")
-ax.set_title(f"Roofline, operations measured on {DEVICE_NAME} ({DTYPE})")
+ax.set_title(f"Roofline: operations measured in {str(DTYPE).removeprefix('torch.')}\n{DEVICE_NAME}",
+             fontsize=10)
 ax.grid(True, which="both", alpha=0.3)
 ax.legend(loc="upper left", fontsize=8)
 fig.tight_layout()

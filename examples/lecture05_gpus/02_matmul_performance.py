@@ -222,6 +222,7 @@ if fine_tflops:
     ax.plot(FINE_SIZES, [full_wave_rate * f for f in fractions], "-", color="tab:red",
             label=f"model: P x fraction, tiles {MODEL_TILE[0]}x{MODEL_TILE[1]}, P fitted")
     ax.set_ylabel("matmul rate (TFLOP/s)")
+    ax.set_ylim(bottom=0)  # keeps the lower right, where the legend goes, free of points
     ax.set_title(f"Wave quantisation on {DEVICE_NAME} ({MODEL_SMS} SMs)")
 else:
     ax.plot(FINE_SIZES, fractions, "-", color="tab:red",

@@ -148,7 +148,7 @@ ax.loglog(visible_bytes, [b / COPY_BYTES_PER_S * 1e6 for b in visible_bytes], ":
 ax.axvline(8 * crossover_elements, color="tab:green", ls="-.", label="crossover n*")
 ax.set_xlabel("bytes moved per call (read + write)")
 ax.set_ylabel("time per call (us)")
-ax.set_title(f"Elementwise multiply, float32 - {DEVICE_NAME}")
+ax.set_title(f"Elementwise multiply, float32\n{DEVICE_NAME}", fontsize=10)
 ax.legend(fontsize=8)
 fig.tight_layout()
 
