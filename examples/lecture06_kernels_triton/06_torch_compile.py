@@ -28,9 +28,11 @@ shows graph breaks and recompilations, which only need TorchDynamo.
 # **TorchInductor** is the default backend: it fuses the graph's operations and writes
 # Triton (GPU) or C++ (CPU) source, which is then compiled.
 #
-# Dynamo warns about the events that cost performance, such as a graph break or the
-# recompile limit, and those warnings are left on. A run standalone prints them to
-# the terminal; where this page shows one, the example has caught it and printed it.
+# By default Dynamo warns about only some of the events that cost performance: the
+# recompile limit, and a few kinds of graph break, such as one at ``.item()`` (once per
+# process). Most graph breaks, and every recompilation, are logged only on request.
+# Those warnings are left on: a run standalone prints them to the terminal; where this
+# page shows one, the example has caught it and printed it.
 # For more, run the script with the environment variable ``TORCH_LOGS``, for example
 # ``TORCH_LOGS="graph_breaks,recompiles"`` (or ``"+dynamo"`` for everything), or call
 # ``torch._logging.set_logs(graph_breaks=True, recompiles=True)`` from Python.
@@ -405,10 +407,11 @@ else:
 # example started with empty caches. Inductor stored what it compiled on disk, so a
 # second run of this script, or a second process with the same model, compiles far
 # faster. Below, the same block is compiled again after ``torch._dynamo.reset()`` and
-# after Inductor's in-memory caches are emptied, as in a new process: Dynamo traces
-# again, and Inductor finds the compiled graph in its on-disk cache. Both first calls
-# are printed, and the plot draws both; its axes are logarithmic so that both
-# break-even points show.
+# after Inductor's in-memory caches are emptied, much as in a new process: Dynamo traces
+# again, and Inductor finds the compiled graph in its on-disk cache. (A new process would
+# also pay again for importing and starting the compiler, which this one has done.)
+# Both first calls are printed, and the plot draws both; its axes are logarithmic so
+# that both break-even points show.
 
 
 def warm_compiled_call(block, x):
