@@ -454,6 +454,10 @@ def check_example_on_target(relative, path, capability, kernels):
         out["failures"].append({"example": relative, "kernel": kernel, "target": capability,
                                 "error": message})
 
+    # A fresh Triton cache for each job: every compile runs ptxas and logs its figures, even
+    # for a kernel that another example holds too.
+    os.makedirs(os.environ["GPU_COMPILE_CACHES"], exist_ok=True)
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(dir=os.environ["GPU_COMPILE_CACHES"])
     try:
         check_launches(relative, Path(path), capability, set(kernels), out, fail)
     except Exception as error:  # noqa: BLE001 (a bug of this check: reported, not hidden)
@@ -666,7 +670,7 @@ def worker_setup(cache):
     for name in [n for n in os.environ if n.startswith("COURSE_")]:
         del os.environ[name]  # the examples' GPU branch as a reader runs it, not a strict build
     os.environ.pop("TRITON_INTERPRET", None)
-    os.environ["TRITON_CACHE_DIR"] = cache  # a fresh cache: every compile runs ptxas and logs it
+    os.environ["GPU_COMPILE_CACHES"] = cache
     import torch  # noqa: F401 (imported once per worker)
     import triton  # noqa: F401
 
@@ -683,7 +687,7 @@ def source_key(call):
         "name", "cuda_sources", "extra_cuda_cflags", "no_implicit_headers", "unreadable")})
 
 
-def run_checks(examples, targets, jobs, use_nvcc):
+def run_checks(examples, targets, jobs, use_nvcc, kernel_pattern="."):
     with tempfile.TemporaryDirectory(prefix="gpu-compile-") as folder:
         # One snapshot of every example: the scan, the GPU view and Triton's reading of the
         # kernels' source must all see the same text, even if a file is edited meanwhile.
@@ -703,7 +707,8 @@ def run_checks(examples, targets, jobs, use_nvcc):
                     if source_key(call) not in distinct:
                         distinct[source_key(call)] = pool.submit(compile_cuda_source, rel, call, folder)
                 units = [(rel, cc, kernel) for rel, kernels in scans.items() for cc in targets
-                         for kernel in kernels if not kernel["called_by"]]
+                         for kernel in kernels
+                         if not kernel["called_by"] and re.search(kernel_pattern, kernel["name"])]
                 # Autotuned kernels and Turing (whose long kernels spill) cost most: start them first.
                 units.sort(key=lambda u: (not u[2]["autotuned"], u[1] != 75))
                 triton_jobs = [pool.submit(check_example_on_target, rel, str(snapshot[rel]), cc,
@@ -842,6 +847,7 @@ def main(argv=None):
     parser.add_argument("--out", type=Path, default=REPO / "_build" / "gpu-compile")
     parser.add_argument("--root", type=Path, default=REPO / "examples", help="the examples folder")
     parser.add_argument("--examples", default=".", help="regex over example file names")
+    parser.add_argument("--kernels", default=".", help="regex over kernel names (a partial check)")
     parser.add_argument("--targets", default=",".join(map(str, ARCHS)),
                         help="compute capabilities, e.g. 90 or 75,80,89,90,100")
     parser.add_argument("--jobs", type=int, default=min(os.cpu_count() or 1, 4))
