@@ -33,6 +33,7 @@ extensions = [
     "myst_parser",
     "sphinx_design",
     "sphinx_gallery.gen_gallery",
+    "example_runner",
     "provenance",
     "colab",
     "page_speed",

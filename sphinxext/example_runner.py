@@ -1,20 +1,39 @@
-"""What happens around each example that the gallery executes.
+"""What happens around each example that the gallery executes, and around the gallery.
 
 sphinx-gallery calls :func:`around_each_example` before and after every example
 (``reset_modules_order = "both"``). Before: arm a time limit and point the
 example at its artefact folder. After: disarm it, free memory for the next
 example, and record the provenance of the outputs that were just produced.
+
+As a Sphinx extension (:func:`setup`), it keeps the gallery's generated tree
+truthful around sphinx-gallery's own work: what removed examples left goes, an
+MD5 file stays only while a provenance record vouches for its page, a full build
+fails on a page without its outputs, and a failed build ends with what failed
+and what to do next.
 """
 
+import atexit
 import gc
 import json
 import numbers
 import os
+import re
+import shutil
 import signal
+import sys
 import time
 from pathlib import Path
 
-from provenance import collect_provenance, provenance_path
+from provenance import (
+    collect_provenance,
+    page_has_outputs,
+    provenance_path,
+    read_record,
+    record_path,
+    source_md5,
+    vouching_record,
+)
+from sphinx.errors import ExtensionError
 
 DEFAULT_TIMEOUT_S = 600
 
@@ -58,7 +77,9 @@ def _prepare(src_file, gallery_dir):
     strict = "cxx,nvcc,triton,inductor" if torch.cuda.is_available() else "cxx,triton,inductor"
     os.environ.setdefault("COURSE_REQUIRE", strict)
     _use_triton_interpreter_without_cuda()
+    _quiet_profiler_markers()
     artifacts = artifact_dir(gallery_dir, src_file.stem)
+    shutil.rmtree(artifacts, ignore_errors=True)  # files of an earlier run are not this run's
     artifacts.mkdir(parents=True, exist_ok=True)
     os.environ["COURSE_ARTIFACT_DIR"] = str(artifacts)
     limit = timeout_seconds()
@@ -80,6 +101,14 @@ def _use_triton_interpreter_without_cuda():
         os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def _quiet_profiler_markers():
+    """libkineto, torch.profiler's engine, logs a ``USDT: ... profiler_start`` and
+    ``profiler_stop`` line to stderr for every profile. Its levels run from VERBOSE (0)
+    to USDT (5); KINETO_LOG_LEVEL=6 keeps it quiet (its ERROR lines too) in builds.
+    It is read when the profiler first starts, so setting it here is in time."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+
+
 def _free_memory():
     import torch
 
@@ -92,7 +121,9 @@ def _free_memory():
 
 
 def _record_provenance(src_file, gallery_dir, run=None):
-    record = {**collect_provenance(src_file), **(run or {})}
+    # The MD5 of the copy sphinx-gallery just executed ties the record to this run's outputs.
+    record = {**collect_provenance(src_file), **(run or {}),
+              "source_md5": source_md5(gallery_dir, src_file.stem)}
     path = provenance_path(gallery_dir, src_file.stem)
     path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
@@ -154,3 +185,221 @@ def _finish_run(gallery_conf, src_file):
         "peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3) if cuda else None,
         "key_figures": _run.pop("key_figures", {}),
     }
+
+
+# -- Around the whole gallery: what its generated tree may hold ---------------
+#
+# sphinx-gallery skips an example whose MD5 file matches the example and keeps
+# the page it wrote last. A build that does not execute an example (make preview,
+# EXAMPLES=) rewrites its page without outputs, and the MD5 file of the earlier
+# run stays: once the example is back as it was, every later build would skip it
+# and show an empty page. So an MD5 file stays only while a provenance record
+# vouches for the outputs its page shows, generated files of examples that are
+# gone are removed, and a full build checks every page.
+
+_build = {"unvouched": []}
+
+
+def setup(app):
+    app.connect("builder-inited", remove_what_removed_examples_left, priority=400)
+    app.connect("builder-inited", drop_outputs_nobody_vouches_for, priority=400)
+    # sphinx-gallery generates the pages at the default priority, 500.
+    app.connect("builder-inited", check_the_generated_pages, priority=600)
+    if "app" not in _build:
+        atexit.register(print_what_to_do_next)  # after Sphinx's own error report
+    _build["app"] = app
+    return {"parallel_read_safe": True, "version": "1"}
+
+
+def galleries(app):
+    """(gallery folder, example files) of each lecture, as sphinx-gallery sees them."""
+    conf = app.config.sphinx_gallery_conf
+    for examples_dir, gallery_dir in zip(conf["examples_dirs"], conf["gallery_dirs"]):
+        folder = Path(os.path.normpath(Path(app.srcdir, examples_dir)))
+        examples = sorted(p for p in folder.glob("*.py") if not re.search(conf["ignore_pattern"], str(p)))
+        yield Path(app.srcdir, gallery_dir), examples
+
+
+def drop_outputs_nobody_vouches_for(app):
+    """Keep an example's MD5 file only while a provenance record vouches for its page.
+
+    Runs before sphinx-gallery generates the pages, so that this build executes
+    what it may, and after, so that a partial build leaves no MD5 file that would
+    keep the next build from executing a page it left without outputs.
+    """
+    for gallery_dir, examples in galleries(app):
+        for example in examples:
+            record = read_record(gallery_dir, example.stem)
+            if record is not None and record.get("source_md5") != source_md5(gallery_dir, example.stem):
+                record_path(gallery_dir, example.stem).unlink()  # a record of another version
+                shutil.rmtree(artifact_dir(gallery_dir, example.stem), ignore_errors=True)
+            md5_file = gallery_dir / f"{example.name}.md5"
+            if md5_file.is_file() and vouching_record(gallery_dir, example.stem) is None:
+                md5_file.unlink()
+
+
+def check_the_generated_pages(app):
+    drop_outputs_nobody_vouches_for(app)
+    if is_full_build(app):
+        check_every_page_shows_its_outputs(app)
+
+
+def is_full_build(app):
+    """True when this build may execute every example (no preview, no EXAMPLES= or shard)."""
+    conf = app.config.sphinx_gallery_conf
+    examples = [e for _, gallery in galleries(app) for e in gallery]
+    return bool(conf["plot_gallery"]) and all(re.search(conf["filename_pattern"], str(e)) for e in examples)
+
+
+def check_every_page_shows_its_outputs(app):
+    """A full build fails on any example page without outputs that a record vouches for.
+
+    Failing examples are left to sphinx-gallery, which reports them at the end.
+    """
+    failing = {os.path.normpath(path) for path in app.config.sphinx_gallery_conf["failing_examples"]}
+    for gallery_dir, examples in galleries(app):
+        for example in examples:
+            if str(example) not in failing and vouching_record(gallery_dir, example.stem) is None:
+                _build["unvouched"].append((example, _why_unvouched(gallery_dir, example.stem)))
+    if _build["unvouched"]:
+        names = ", ".join(example.name for example, _ in _build["unvouched"])
+        raise ExtensionError(f"example pages without the outputs of their source: {names} (see below)")
+
+
+def _why_unvouched(gallery_dir, stem):
+    if not page_has_outputs(gallery_dir, stem):
+        return "its page shows no printed output and no figure"
+    if read_record(gallery_dir, stem) is None:
+        return "no provenance record belongs to the outputs its page shows"
+    return "its provenance record and its page come from different runs"
+
+
+def remove_what_removed_examples_left(app):
+    """Generated files and built pages of examples (or lectures) no longer in examples/ go."""
+    conf = app.config.sphinx_gallery_conf
+    current = {}
+    for gallery_dir, examples in galleries(app):
+        current[gallery_dir.name] = {e.stem for e in examples}
+        for stem in sorted(_generated_stems(gallery_dir) - current[gallery_dir.name]):
+            _remove_generated(gallery_dir, stem)
+            logger().info(f"removed the generated files of {gallery_dir.name}/{stem}, whose example is gone")
+    generated_root = Path(app.srcdir, conf["gallery_dirs"][0]).parent
+    if generated_root == Path(app.srcdir) or any(Path(app.srcdir, d).parent != generated_root
+                                                 for d in conf["gallery_dirs"]):
+        return  # the galleries do not share a folder of their own: nothing else is safe to remove
+    keep = {Path(app.srcdir, d).name for d in conf["gallery_dirs"]} | {Path(conf["backreferences_dir"]).name}
+    for folder in sorted(generated_root.glob("*/")):
+        if folder.name not in keep:
+            shutil.rmtree(folder)
+            logger().info(f"removed {folder}, a gallery no longer in conf.py")
+    relative = generated_root.relative_to(app.srcdir)
+    for doctree in sorted(Path(app.doctreedir, relative).glob("*/*.doctree")):
+        if not _is_current(doctree, current):
+            doctree.unlink()  # Sphinx forgets a gone page but keeps its doctree
+    if app.builder.format == "html":
+        _remove_stale_built_pages(Path(app.outdir), Path(app.outdir, relative), current)
+
+
+def _is_current(path, current):
+    """True for a gallery's index or an example's page (or doctree) that is still there."""
+    lecture, stem = path.parent.name, path.stem
+    return lecture in current and (stem == "index" or stem in current[lecture])
+
+
+def _generated_stems(gallery_dir):
+    stems = {p.stem for p in gallery_dir.glob("*.py")}
+    stems |= {p.stem for p in gallery_dir.glob("*.rst")} - {"index"}
+    stems |= {p.stem for p in (gallery_dir / "provenance").glob("*.json")}
+    return stems | {p.name for p in (gallery_dir / "artifacts").glob("*/")}
+
+
+def _remove_generated(gallery_dir, stem):
+    images = gallery_dir / "images"
+    for path in [*gallery_dir.glob(f"{stem}.*"), *images.glob(f"sphx_glr_{stem}_[0-9][0-9][0-9].*"),
+                 *images.glob(f"thumb/sphx_glr_{stem}_thumb.*"), record_path(gallery_dir, stem)]:
+        path.unlink(missing_ok=True)
+    shutil.rmtree(artifact_dir(gallery_dir, stem), ignore_errors=True)
+
+
+def _remove_stale_built_pages(outdir, built, current):
+    """Pages of gone examples in the output, with their figures, downloads and sources."""
+    for page in sorted(built.glob("*/*.html")):
+        if _is_current(page, current):
+            continue
+        stem = page.stem
+        text = page.read_text(encoding="utf-8", errors="replace")
+        for link in re.findall(r'(?:href|src)="([^"#?]+)"', text):
+            target = Path(os.path.normpath(page.parent / link))
+            if target.parent.parent == outdir / "_downloads" and target.is_file():
+                target.unlink()
+                if not any(target.parent.iterdir()):
+                    target.parent.rmdir()
+        for image in (outdir / "_images").glob(f"sphx_glr_{stem}_*"):
+            if re.fullmatch(rf"sphx_glr_{re.escape(stem)}_(\d{{3}}|thumb)\.\w+", image.name):
+                image.unlink()
+        source = outdir / "_sources" / page.relative_to(outdir).with_suffix(".rst.txt")
+        source.unlink(missing_ok=True)
+        page.unlink()
+        logger().info(f"removed {page.relative_to(outdir)}, whose example is gone")
+    for folder in sorted(built.glob("*/")):
+        if folder.name not in current and not any(folder.rglob("*.html")):
+            shutil.rmtree(folder)
+
+
+def logger():
+    from sphinx.util import logging
+
+    return logging.getLogger(__name__)
+
+
+# -- When the build fails: the last lines say what failed and what to do ------
+
+
+def print_what_to_do_next():
+    """At exit, after Sphinx's own "Extension error" report: each failure and the way on."""
+    app = _build.get("app")
+    failing = dict(app.config.sphinx_gallery_conf.get("failing_examples", {})) if app else {}
+    if not (failing or _build["unvouched"]):
+        return
+    here = Path(app.confdir)
+    lines = ["", "=" * 78]
+    if failing:
+        lines.append(f"The build failed: {_count(len(failing), 'example')} raised an error.")
+        for path, traceback in failing.items():
+            lines += ["", os.path.relpath(path, here), *(f"    {t}" for t in traceback.rstrip().splitlines())]
+    if _build["unvouched"]:
+        lines += ["", "The build failed: a full build shows every example's outputs, and these pages do not:"]
+        lines += [f"    {os.path.relpath(e, here)}: {why}" for e, why in _build["unvouched"]]
+    lines += ["", "What to do next:", *_next_steps(here, failing), "The full log is above."]
+    sys.stdout.flush()
+    print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+def _next_steps(here, failing):
+    python = os.path.relpath(sys.executable, here) if Path(sys.executable).is_relative_to(here) \
+        else sys.executable
+    interpret = "TRITON_INTERPRET=1 " if os.environ.get("TRITON_INTERPRET") == "1" else ""
+    steps = []
+    for path, traceback in failing.items():
+        name = Path(path).stem
+        steps += [f"  - Run {Path(path).name} on its own, as a reader would, to see the error:",
+                  f"        {interpret}{python} {os.path.relpath(path, here)}"]
+        if ExampleTimeout.__name__ in traceback:
+            steps.append(f"    It ran past the time limit of {timeout_seconds()} s: make it finish"
+                         " sooner at CPU sizes, or allow longer: make html COURSE_EXAMPLE_TIMEOUT=1200")
+        if required := re.search(r"this build requires (\w+)", traceback):
+            others = [c for c in os.environ.get("COURSE_REQUIRE", "").split(",") if c and c != required[1]]
+            steps.append(f"    This build requires {required[1]} (COURSE_REQUIRE): install it, or build"
+                         f" without requiring it: make html COURSE_REQUIRE={','.join(others)}")
+        steps.append(f"    While you work on it, make html EXAMPLES={name} executes only this example.")
+    if failing:
+        steps.append("  - Then run make html again: only the examples that failed or changed execute.")
+    if _build["unvouched"]:
+        steps += ["  - An example must print or draw what it finds; a page with neither fails the build.",
+                  "  - Otherwise run make html again: these examples will execute again.",
+                  "    make html-fresh rebuilds every page from scratch."]
+    return steps
+
+
+def _count(n, noun):
+    return f"1 {noun}" if n == 1 else f"{n} {noun}s"

@@ -1,9 +1,12 @@
 """Provenance: which machine and software produced an example's outputs.
 
 The record is written when the example *executes* (see ``example_runner``), as
-``<gallery dir>/provenance/<stem>.json``. When Sphinx reads the generated page,
-the record is rendered as a note under the title, so a page rebuilt from
-sphinx-gallery's cache still names the machine that really ran it.
+``<gallery dir>/provenance/<stem>.json``, with the MD5 of the source it ran.
+When Sphinx reads the generated page, the record is rendered as a note under the
+title, so a page rebuilt from sphinx-gallery's cache still names the machine that
+really ran it. A record vouches for a page only while it belongs to the outputs
+the page shows (:func:`vouching_record`); a page without such a record says that
+this build did not execute it, and claims nothing else.
 """
 
 import datetime
@@ -22,6 +25,51 @@ def provenance_path(gallery_dir, stem):
     folder = Path(gallery_dir, "provenance")
     folder.mkdir(parents=True, exist_ok=True)
     return folder / f"{stem}.json"
+
+
+def record_path(gallery_dir, stem):
+    return Path(gallery_dir, "provenance", f"{stem}.json")
+
+
+def source_md5(gallery_dir, stem):
+    """sphinx-gallery's MD5 of the example's copy in the gallery: the source its page shows."""
+    # Imported here: tools/gpu_check.py uses this module on a machine without Sphinx.
+    from sphinx_gallery.utils import get_md5sum
+
+    copy = Path(gallery_dir, f"{stem}.py")
+    return get_md5sum(copy, mode="t") if copy.is_file() else None
+
+
+def page_has_outputs(gallery_dir, stem):
+    """True when the generated page holds printed output or a figure, as an executed page does."""
+    page = Path(gallery_dir, f"{stem}.rst")
+    text = page.read_text(encoding="utf-8") if page.is_file() else ""
+    return "sphx-glr-script-out" in text or f"/sphx_glr_{stem}_0" in text
+
+
+def read_record(gallery_dir, stem):
+    path = record_path(gallery_dir, stem)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def vouching_record(gallery_dir, stem):
+    """The provenance record, if it belongs to the outputs the page shows; else None.
+
+    It belongs when the run it records passed, ran the source the page shows, and
+    sphinx-gallery's MD5 (which keeps a page from being executed again) names that
+    same source, so the page holds that run's outputs.
+    """
+    record = read_record(gallery_dir, stem)
+    md5_file = Path(gallery_dir, f"{stem}.py.md5")
+    if record is None or not md5_file.is_file() or not record.get("passed", True):
+        return None
+    ran = record.get("source_md5")
+    if ran is None or ran != md5_file.read_text().strip() or ran != source_md5(gallery_dir, stem):
+        return None
+    return record if page_has_outputs(gallery_dir, stem) else None
 
 
 def collect_provenance(src_file):
@@ -101,6 +149,23 @@ NOTE_TEXT = {
 }
 
 
+NOT_EXECUTED_TEXT = {
+    "en": {
+        "title": "Not executed in this build",
+        "body": "This page shows the example's code without its outputs: the build that"
+        " made it did not execute this version of the example (a <code>make preview</code>,"
+        " or a <code>make html EXAMPLES=…</code> that left it out). A full"
+        " <code>make html</code> executes it.",
+    },
+    "zh_CN": {
+        "title": "本次构建未运行此示例",
+        "body": "本页只有示例的代码，没有输出：生成本页的构建没有运行这一版示例"
+        "（<code>make preview</code>，或没有选中它的 <code>make html EXAMPLES=…</code>）。"
+        "完整的 <code>make html</code> 会运行它。",
+    },
+}
+
+
 def render_note(record, language="en"):
     """The note shown on the example's page, as raw HTML.
 
@@ -109,12 +174,21 @@ def render_note(record, language="en"):
     """
     text = NOTE_TEXT.get(language, NOTE_TEXT["en"])
     body = text["body"].format(**{k: html.escape(str(v)) for k, v in record.items()})
+    return _raw_admonition("provenance", text["title"], body)
+
+
+def render_not_executed(language="en"):
+    text = NOT_EXECUTED_TEXT.get(language, NOT_EXECUTED_TEXT["en"])
+    return _raw_admonition("not-executed", text["title"], text["body"])
+
+
+def _raw_admonition(css_class, title, body):
     return "\n".join(
         [
             ".. raw:: html",
             "",
-            '   <div class="admonition provenance">',
-            f'   <p class="admonition-title">{text["title"]}</p>',
+            f'   <div class="admonition {css_class}">',
+            f'   <p class="admonition-title">{title}</p>',
             f"   <p>{body}</p>",
             "   </div>",
             "",
@@ -127,10 +201,10 @@ def insert_provenance(app, docname, source):
     parts = docname.split("/")
     if len(parts) != 3 or parts[0] != GALLERY_ROOT or parts[2] == "index":
         return
-    record_file = Path(app.srcdir, *parts[:2], "provenance", f"{parts[2]}.json")
-    if not record_file.is_file():
-        return  # not executed in this build (preview build): no claim to make
-    record = json.loads(record_file.read_text(encoding="utf-8"))
+    record = vouching_record(Path(app.srcdir, *parts[:2]), parts[2])
+    if record is None:
+        source[0] = _after_title(source[0], render_not_executed(app.config.language))
+        return
     note = render_note(record, app.config.language)
     source[0] = _after_title(source[0], note + "\n" + _artifact_links(app, parts))
 
