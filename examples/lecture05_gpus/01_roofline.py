@@ -190,8 +190,11 @@ for op in OPERATIONS:
 # A fast wrong answer is worthless. We compare ``torch.matmul`` in the
 # working dtype against float64 on the same (rounded) inputs, on an awkward
 # shape. bf16 keeps 8 significant bits (7 stored), so rounding the output
-# alone is off by up to :math:`2^{-8}`, about 0.4 %; the tolerance allows for
-# it. An entry of the product is a sum
+# alone is off by up to :math:`2^{-8}`, about 0.4 %. The tolerance is five
+# times that, because cuBLAS may also round the partial sums of a split-K
+# product to bf16 before adding them, which PyTorch allows by default
+# (:ref:`lecture 5, section 6 <l5-precision>`); an accumulator rounded to
+# bf16 after every 16 products still fails it. An entry of the product is a sum
 # of :math:`K` terms, so its size and its rounding error grow like
 # :math:`\sqrt{K}`, and the absolute tolerance scales with it.
 
@@ -365,10 +368,11 @@ del OPERATIONS  # frees the large tensors the timed functions hold
 # too small to fill the machine, and fixed launch or dispatch costs dominate.
 #
 # On a GPU the measured roof also sits below the datasheet's, by the
-# fractions printed above. cuBLAS does not reach the datasheet matmul rate:
-# the GPU lowers its clock to stay within its power limit, and the power a
-# matrix product draws depends on the numbers multiplied (He 2024 measured
-# 258 of an A100's 312 TFLOP/s on random inputs, and more on all-zero ones).
+# fractions printed above. cuBLAS does not reach the datasheet matmul rate,
+# in part because the GPU lowers its clock to stay within its power limit,
+# and the power a matrix product draws depends on the numbers multiplied
+# (He 2024 found cuBLAS on an A100 faster on all-zero inputs than on random
+# ones).
 # The measured ridge point, not the datasheet's, is the one that classifies
 # operations on this machine.
 #

@@ -127,9 +127,9 @@ if not BF16_OK:  # the whole section is about bfloat16, so float32 alone stays
 # deliberately irregular shapes:
 #
 # - add: rounding the inputs moves ``x + y`` by at most ``u (|x| + |y|)``,
-#   which we allow as the absolute tolerance (its maximum over the tensor);
-#   rounding the output is covered by the relative tolerance ``BF16_RTOL``,
-#   PyTorch's default for bfloat16.
+#   and rounding the output by at most ``u |x + y|``. We hold every element
+#   to the sum of the two (with a hair more for the products of roundings),
+#   a bound that an add which truncates instead of rounding already breaks.
 # - matmul with inner size ``K``: each of the ``K`` products carries the
 #   rounding of its two inputs, and these errors add up like a random walk,
 #   to a few ``u sqrt(K)`` for standard normal inputs. We allow
@@ -143,9 +143,12 @@ def check_bf16_add(n):
     x = torch.randn(n, device=DEVICE)
     y = torch.randn(n, device=DEVICE)
     reference = x.double() + y.double()
-    result = x.bfloat16() + y.bfloat16()
-    input_rounding = BF16_UNIT_ROUNDOFF * (x.abs() + y.abs()).max().item()
-    torch.testing.assert_close(result.double(), reference, rtol=BF16_RTOL, atol=input_rounding)
+    error = ((x.bfloat16() + y.bfloat16()).double() - reference).abs()
+    u = BF16_UNIT_ROUNDOFF
+    bound = u * (x.abs() + y.abs() + reference.abs()) * (1 + 2 * u)
+    if (error > bound).any():
+        raise AssertionError(f"bfloat16 add: error up to {(error / bound).max().item():.2f} "
+                             "times its rounding bound")
 
 
 def check_bf16_matmul(m, k, n):

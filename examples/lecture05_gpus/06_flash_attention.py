@@ -283,8 +283,8 @@ if HAVE_TRITON:
         q3, k3, v3 = (t.reshape(batch * heads, t.shape[2], head_dim).contiguous() for t in (q, k, v))
         out = torch.empty_like(q3)
         if DEVICE == "cuda":
-            # Before compute capability 8.0 a block may use 64 KiB of shared memory (CUDA
-            # Programming Guide, Table 31): too little for 128 query rows of d = 128.
+            # On compute capability 7.5 (a T4) a block may use 64 KiB of shared memory (CUDA
+            # C++ Programming Guide, compute capabilities): too little for 128 rows of d = 128.
             old_gpu = torch.cuda.get_device_capability() < (8, 0)
             block_m, block_n = (64 if old_gpu and head_dim > 64 else 128), 64
             launch = {"num_warps": 4 if head_dim <= 64 else 8, "num_stages": 3}
@@ -484,9 +484,11 @@ fig.tight_layout()
 # - standard attention: :math:`\Theta(Nd + N^2)`,
 # - FlashAttention: :math:`\Theta(N^2 d^2 / M)`.
 #
-# FlashAttention reads ``K`` and ``V`` once for every block of queries. A
-# block of queries can hold about :math:`M/d` rows, so there are
-# :math:`Nd/M` blocks, each reading :math:`Nd` elements. We plot both counts
+# In the loop order of our kernel, ``K`` and ``V`` are read once for every
+# block of queries. A block of queries can hold about :math:`M/d` rows, so
+# there are :math:`Nd/M` blocks, each reading :math:`Nd` elements. The
+# paper's Algorithm 1 swaps the roles, rereading ``Q`` and ``O`` once for
+# every block of keys. We plot both counts
 # with the constants dropped, for the paper's A100 figure of 192 KB of SRAM
 # per SM (its Section 2.1), that is :math:`M` = 98,304 float16 elements. The
 # count is a model, not a measurement. FlashAttention wins by about
@@ -676,7 +678,7 @@ if speed_rows and DEVICE == "cuda":
 # kernel is also faster: for ``d = 64`` it moves about ``M / d^2`` times
 # fewer bytes. That factor is smaller for ``d = 128``, where each query block
 # holds fewer rows. The remaining gap to SDPA (table above) comes from
-# engineering this kernel leaves out. SDPA's flash backend is
+# engineering this kernel leaves out. SDPA's default flash backend is
 # FlashAttention-2 (Dao 2023): the same loop order, with the work of a query
 # block split between warps so that they need not exchange partial results,
 # masks only on the blocks that need them, as little non-matmul arithmetic as
