@@ -28,6 +28,9 @@ the reference training run.
 
 import math
 import os
+import shutil
+import subprocess
+import tempfile
 
 import matplotlib.pyplot as plt
 import torch
@@ -601,6 +604,73 @@ ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=2, frameon=False
 fig.tight_layout()
 
 # %%
+# The compiled reference, checked
+# -------------------------------
+# ``torch.compile`` of the reference traces its forward, derives the backward
+# graph with AOTAutograd, and fuses both with Inductor: into Triton kernels on
+# a GPU, into C++ on a CPU. Before it is timed, its gradients go through the
+# same check as ours. The compiler is probed first with a one-line function:
+# a missing tool skips this part (and fails a site build, which requires it),
+# while a failure on the reference itself fails the page.
+
+
+def compile_problem(command, suffix, code):
+    """Why ``command`` cannot compile a one-line file of ``code``, or None if it can."""
+    with tempfile.TemporaryDirectory() as folder:
+        source = os.path.join(folder, "probe" + suffix)
+        with open(source, "w") as file:
+            file.write(code)
+        try:
+            done = subprocess.run([*command, "-c", source, "-o", source + ".o"],
+                                  capture_output=True, text=True, check=False)
+        except OSError as error:  # on PATH but not runnable
+            return f"{command[0]} cannot be run ({error})"
+    if done.returncode != 0:
+        return f"{command[0]} fails on a one-line {suffix} file (exit {done.returncode})"
+    return None
+
+
+def cxx_problem(compiler):
+    """Why the C++ compiler Inductor calls cannot build here, or None."""
+    if shutil.which(compiler) is None:
+        return f"no C++ compiler {compiler!r} is on PATH"
+    return compile_problem([compiler], ".cpp", "int probe() { return 0; }\n")
+
+
+def inductor_problem():
+    """(capability, reason) if torch.compile cannot work here, or None."""
+    # Imported here, not at the top: it imports Triton, which must see TRITON_INTERPRET first.
+    import torch._inductor.config as inductor_config
+
+    if not ON_GPU and (problem := cxx_problem(inductor_config.cpp.cxx[-1])) is not None:
+        return "cxx", problem  # Inductor's compiler on a CPU: $CXX, else g++
+    if ON_GPU and not HAVE_TRITON:
+        return "triton", f"import triton failed: {TRITON_IMPORT_ERROR}"
+    try:
+        torch.compile(lambda t: 2 * t + 1)(torch.arange(5.0, device=DEVICE))
+    except Exception as error:  # noqa: BLE001 (a one-line function failed: Inductor is broken)
+        return "inductor", f"a one-line torch.compile failed, {type(error).__name__}"
+    finally:
+        torch.compiler.reset()
+    return None
+
+
+def compiled_reference():
+    torch.compiler.reset()  # one compile per shape, never near the recompile limit
+    return torch.compile(reference_rmsnorm, dynamic=False)
+
+
+COMPILE_MISSING = inductor_problem()
+COMPILE_WORKS = COMPILE_MISSING is None
+if COMPILE_WORKS:
+    rows, cols, _ = CHECK_CASES[0]
+    steps = check_gradients(compiled_reference(), rows, cols, WORKING_DTYPE)
+    print(f"torch.compile of the reference, {rows} x {cols}: y, dx, dw within "
+          + ", ".join(f"{s:.2f}" for s in steps) + f" steps (limit {TOLERANCE_STEPS})")
+else:
+    skip_or_fail("torch.compile of the reference", *COMPILE_MISSING)
+
+# %%
 # Measure: effective bandwidth against row length
 # -----------------------------------------------
 # On a GPU we time the backward alone, ``torch.autograd.grad`` of an output
@@ -621,17 +691,6 @@ def copy_bandwidth_gbs(n_bytes):
     src = torch.empty(n_bytes // 4, device=DEVICE)
     dst = torch.empty_like(src)
     return 2 * n_bytes / triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median") / 1e6
-
-
-def inductor_problem():
-    """Why torch.compile cannot work here, or None."""
-    try:
-        torch.compile(lambda t: 2 * t + 1)(torch.arange(5.0, device=DEVICE))
-    except Exception as error:  # noqa: BLE001 (a one-line function failed: Inductor is broken)
-        return f"a one-line torch.compile failed, {type(error).__name__}"
-    finally:
-        torch.compiler.reset()
-    return None
 
 
 def backward_ms(rmsnorm, x, weight, dy, expected):
@@ -661,20 +720,12 @@ def bandwidth_sweep(implementations):
     return table
 
 
-def compiled_reference():
-    torch.compiler.reset()  # one compile per shape, never near the recompile limit
-    return torch.compile(reference_rmsnorm, dynamic=False)
-
-
 bandwidth = {}
 if ON_GPU and HAVE_TRITON:
     COPY_GBS = copy_bandwidth_gbs(1 << 30)
     implementations = {"Triton": triton_with, "eager PyTorch": lambda: reference_rmsnorm}
-    missing = inductor_problem()
-    if missing is None:
+    if COMPILE_WORKS:
         implementations["torch.compile"] = compiled_reference
-    else:
-        skip_or_fail("the torch.compile timing", "inductor", missing)
     # A compiled backward frees some saved tensors early (donated buffers), which
     # forbids the retain_graph=True that timing the backward alone needs.
     with torch._functorch.config.patch(donated_buffer=False):
