@@ -15,9 +15,10 @@ curve. Afterwards you can write and check the backward of your own kernels.
 **Requirements.** Full version: a CUDA GPU and Triton (bfloat16 needs compute
 capability 8.0 or newer, else float16 is used). On a CPU, Triton runs in
 interpreter mode at small sizes, in float32: the page checks every gradient
-and trains the small model, and draws the byte model instead of timings.
-Without Triton, only the PyTorch parts run: the formulas, the byte model and
-the reference training run.
+(``torch.compile``'s too, for which Inductor writes C++ and needs a C++
+compiler), trains the small model, and draws the byte model instead of
+timings. Without Triton, only the PyTorch parts run: the formulas, the byte
+model, the compiled reference and the reference training run.
 """
 
 # %%
