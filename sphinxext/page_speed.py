@@ -1,15 +1,24 @@
-"""Pages that paint once and do not move: gallery thumbnails with their size, loaded lazily.
+"""Pages that paint early and do not move.
 
-A thumbnail without ``width`` and ``height`` takes no room until its image has
-arrived, so the gallery grid below it shifts as each one loads; with its real
-size the browser reserves the room at first paint. ``loading="lazy"`` leaves
-thumbnails below the fold for later.
+* A thumbnail without ``width`` and ``height`` takes no room until its image
+  has arrived, so the gallery grid below it shifts as each one loads; with its
+  real size the browser reserves the room at first paint. ``loading="lazy"``
+  leaves thumbnails below the fold for later.
+* Sphinx and its extensions load their scripts synchronously in ``<head>``, so
+  the page waits for each before it paints. None of them is needed to paint:
+  they are deferred, which keeps their order and runs them before
+  ``DOMContentLoaded``. ``documentation_options.js`` stays synchronous because
+  inline scripts in ``<head>`` read the object it defines; on the search page
+  nothing is deferred, since its own synchronous searchtools.js needs doctools.js.
 """
 
 import struct
 from pathlib import Path
 
 from docutils import nodes
+from sphinx.builders.html._assets import _JavaScript
+
+NEEDED_BEFORE_INLINE_SCRIPTS = {"_static/documentation_options.js"}
 
 
 def png_size(path):
@@ -35,6 +44,22 @@ def size_the_thumbnails(app, doctree):
         image["classes"].append("no-scaled-link")
 
 
+def defer_the_scripts(app, pagename, templatename, context, doctree):
+    scripts = context.get("script_files")
+    if not scripts or pagename == "search":
+        return
+    for i, script in enumerate(scripts):
+        attributes = dict(script.attributes)
+        inline = "body" in attributes or not script.filename
+        if (inline or str(script.filename) in NEEDED_BEFORE_INLINE_SCRIPTS
+                or "async" in attributes or "defer" in attributes):
+            continue
+        scripts[i] = _JavaScript(script.filename, priority=script.priority,
+                                 **attributes, defer="defer")
+
+
 def setup(app):
     app.connect("doctree-read", size_the_thumbnails)
+    # Late, so that the scripts other extensions add to this page are included.
+    app.connect("html-page-context", defer_the_scripts, priority=900)
     return {"parallel_read_safe": True, "version": "1"}

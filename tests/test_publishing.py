@@ -131,6 +131,9 @@ def test_pages_reserve_their_room(site):
     head = soup(root / "lectures" / "lecture05_gpus.html").head
     assert not head.select('script[src*="searchindex.js"]'), "search index loads on every page"
     assert soup(root / "search.html").select('script[src*="searchindex.js"]')
+    blocking = [s["src"] for s in head.select("script[src]")
+                if not s.has_attr("defer") and not s.has_attr("async")]
+    assert all("documentation_options.js" in src for src in blocking), blocking
     katex_css = (REPO / "_static" / "vendor" / "katex" / "katex.min.css").read_text()
     faces = katex_css.count("@font-face{")
     assert faces and katex_css.count("@font-face{font-display:swap;") == faces
