@@ -45,6 +45,7 @@ extensions = [
     "notfound.extension",
     "katex_math",
     "myst_math_i18n",
+    "sphinxcontrib.bibtex",
     "sphinx.ext.intersphinx",
     "sphinx_codeautolink",
 ]
@@ -101,6 +102,13 @@ codeautolink_concat_default = True  # an example's imports hold in all its later
 # sphinx-gallery links most names itself; codeautolink adds decorators such as
 # @triton.jit and warns once for every name already linked.
 suppress_warnings.append("codeautolink.match_name")
+
+# -- Citations ------------------------------------------------------------------
+# One bibliography file; each lecture cites with {footcite:p}`key` and ends with
+# its own list ({footbibliography}), so a work cited by two lectures is listed by both.
+bibtex_bibfiles = ["source/references.bib"]
+bibtex_default_style = "plain"
+bibtex_foot_reference_style = "foot"
 
 # -- Publishing ------------------------------------------------------------------
 # Where the site is hosted, for absolute URLs (canonical links, sitemap,
