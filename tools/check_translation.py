@@ -116,18 +116,6 @@ def is_display_math(msgid):
     return not re.search(r"[A-Za-z]{3,} [A-Za-z]{3,}", words)
 
 
-def is_myst(catalog):
-    """The site's own pages are MyST; sphinx-gallery's example pages are reStructuredText."""
-    return not catalog.startswith("auto_examples/")
-
-
-def formula_is_translatable(msg):
-    """Sphinx 9 parses a translated math block as "::" plus an indented block, which
-    reStructuredText reads as the formula and MyST as a paragraph "::": on a MyST page
-    the formula is lost, so there a formula stays exactly as it is."""
-    return not (is_myst(msg.catalog) and is_display_math(msg.id))
-
-
 def normalise_math(tex):
     """Math as the parity check compares it: the words inside \\text{} may be translated."""
     return re.sub(r"\s+", " ", TEXT_IN_MATH.sub(lambda m: m.group(0).split("{")[0] + "{}", tex)).strip()
@@ -162,11 +150,6 @@ def markup_findings(messages):
     """Translations that dropped, added or changed a piece of markup of their original."""
     found = []
     for msg in messages:
-        if not formula_is_translatable(msg):
-            if msg.string != msg.id:
-                found.append(Finding(msg.catalog, msg.id, "markup",
-                                     "a formula of a MyST page must stay as it is: Sphinx would render it as '::'"))
-            continue
         if is_display_math(msg.id):
             if normalise_math(msg.id) != normalise_math(msg.string):
                 found.append(Finding(msg.catalog, msg.id, "markup", "the formula differs from the original"))
@@ -227,9 +210,8 @@ def terminology_findings(messages, glossary=None):
 def _terminology_of(msg, terms, rejected, excused, units):
     """(detail, term) for each terminology problem of one message."""
     display = is_display_math(msg.id)
-    if formula_is_translatable(msg):
-        for tex in english_in_math(f"$${msg.string}$$" if display else msg.string, units):
-            yield f"English left in math: {tex}", ""
+    for tex in english_in_math(f"$${msg.string}$$" if display else msg.string, units):
+        yield f"English left in math: {tex}", ""
     if display:
         return
     source, translation = prose(msg.id), prose(msg.string)
