@@ -22,10 +22,17 @@ from tools.site_build import REPO
 EXAMPLES = REPO / "examples"
 
 
-def run_check(out, *options):
+@pytest.fixture(scope="session")
+def results_cache(tmp_path_factory):
+    """Beside pytest's numbered folders, so that it outlives a session: the figures of
+    compiles that succeeded, keyed by a hash of everything they depend on."""
+    return tmp_path_factory.getbasetemp().parent / "gpu-compile-cache"
+
+
+def run_check(out, cache, *options):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COURSE_", "TRITON_"))}
     done = subprocess.run([sys.executable, str(REPO / "tools" / "gpu_compile.py"), "--out", str(out),
-                           "--jobs", "2", *options],
+                           "--jobs", "2", "--cache", str(cache), *options],
                           env=env, capture_output=True, text=True, check=False)
     report_file = out / "report.json"
     report = json.loads(report_file.read_text()) if report_file.exists() else None
@@ -33,8 +40,8 @@ def run_check(out, *options):
 
 
 @pytest.fixture(scope="module")
-def full_check(tmp_path_factory):
-    done, report = run_check(tmp_path_factory.mktemp("gpu-compile"))
+def full_check(tmp_path_factory, results_cache):
+    done, report = run_check(tmp_path_factory.mktemp("gpu-compile"), results_cache)
     print(done.stdout[-3000:], done.stderr[-3000:])
     assert report is not None, done.stderr[-3000:]
     return done, report
@@ -163,11 +170,11 @@ def broken_copy(tmp_path, example, anchor, old, new):
     return copy
 
 
-def test_a_non_power_of_two_arange_fails_the_check(tmp_path):
+def test_a_non_power_of_two_arange_fails_the_check(tmp_path, results_cache):
     example = "lecture06_kernels_triton/04_triton_basics.py"
     copy = broken_copy(tmp_path, example, "def gelu_kernel", "tl.arange(0, BLOCK_SIZE)",
                        "tl.arange(0, BLOCK_SIZE - 24)")
-    done, report = run_check(tmp_path / "out", "--root", str(copy), "--examples", "04_triton_basics",
+    done, report = run_check(tmp_path / "out", results_cache, "--root", str(copy), "--examples", "04_triton_basics",
                              "--kernels", "gelu_kernel", "--targets", "90", "--no-nvcc")
     assert done.returncode == 1
     failures = [f for f in report["failures"] if f["kernel"] == "gelu_kernel"]
@@ -176,12 +183,12 @@ def test_a_non_power_of_two_arange_fails_the_check(tmp_path):
     assert "FAILED: gelu_kernel in lecture06_kernels_triton/04_triton_basics.py on sm_90" in done.stdout
 
 
-def test_a_dot_on_an_8_wide_tile_fails_the_check(tmp_path):
+def test_a_dot_on_an_8_wide_tile_fails_the_check(tmp_path, results_cache):
     # Triton 3.6 accepts M and N of 1 and more in tl.dot; K, the reduction, must be 16 or more.
     example = "lecture06_kernels_triton/05_triton_softmax_matmul.py"
     anchor = "MATMUL_AUTOTUNE_CONFIGS = ["
     copy = broken_copy(tmp_path, example, anchor, anchor, anchor + "matmul_config(64, 64, 8, 4, 4), ")
-    done, report = run_check(tmp_path / "out", "--root", str(copy), "--examples", "05_triton",
+    done, report = run_check(tmp_path / "out", results_cache, "--root", str(copy), "--examples", "05_triton",
                              "--kernels", "matmul_kernel", "--targets", "90", "--no-nvcc")
     assert done.returncode == 1
     failed = [c for c in report["compiles"] if c["status"] == "failed"]
@@ -192,7 +199,7 @@ def test_a_dot_on_an_8_wide_tile_fails_the_check(tmp_path):
                for f in report["failures"])
 
 
-def test_an_autotuned_kernel_with_no_configuration_that_fits_fails_the_check(tmp_path):
+def test_an_autotuned_kernel_with_no_configuration_that_fits_fails_the_check(tmp_path, results_cache):
     # 128 x 256 x 64 tiles in four stages need more shared memory than an sm_89 block may have.
     example = "lecture06_kernels_triton/05_triton_softmax_matmul.py"
     text = (EXAMPLES / example).read_text()
@@ -200,7 +207,7 @@ def test_an_autotuned_kernel_with_no_configuration_that_fits_fails_the_check(tmp
     configs = text[start:text.index("]", start) + 1]
     copy = broken_copy(tmp_path, example, configs, configs,
                        "MATMUL_AUTOTUNE_CONFIGS = [matmul_config(128, 256, 64, 4, 8)]")
-    done, report = run_check(tmp_path / "out", "--root", str(copy), "--examples", "05_triton",
+    done, report = run_check(tmp_path / "out", results_cache, "--root", str(copy), "--examples", "05_triton",
                              "--kernels", "matmul_kernel", "--targets", "89,90", "--no-nvcc")
     assert done.returncode == 1
     # Shapes that are multiples of 16 are software-pipelined, in stages of shared memory; the

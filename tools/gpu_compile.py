@@ -28,6 +28,7 @@ import argparse
 import ast
 import builtins
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -389,6 +390,23 @@ def describe(signature, constexprs, attrs, options, kernel):
     return " ".join(parts)
 
 
+def cached_figures(source, backend, options):
+    """Where the figures of a compile that succeeded are kept, if --cache names a folder.
+
+    The key is Triton's own cache key (Triton and its ptxas, the kernel's source and
+    dependencies, the specialisation and options) and this file's text: a compile that
+    succeeded once succeeds again. Failures are never kept."""
+    from triton.runtime.cache import get_cache_key
+    from triton.runtime.jit import get_cache_invalidating_env_vars
+
+    folder = os.environ.get("GPU_COMPILE_RESULTS")
+    if not folder:
+        return None
+    key = get_cache_key(source, backend, options, get_cache_invalidating_env_vars())
+    key += Path(__file__).read_text()
+    return Path(folder) / (hashlib.sha256(key.encode()).hexdigest() + ".json")
+
+
 def compile_one(kernel, target, arch, args, kwargs):
     """Specialise as JITFunction.run does, compile, and read back the resources."""
     import triton
@@ -409,16 +427,25 @@ def compile_one(kernel, target, arch, args, kwargs):
               "num_warps": options.num_warps, "num_stages": options.num_stages}
 
     def build():
+        cached = cached_figures(ASTSource(kernel, signature, constexprs, attrs), backend, options)
+        if cached is not None and cached.exists():
+            result.update(json.loads(cached.read_text()), cached=True)
+            return
         knobs.nvidia.dump_ptxas_log = True
         log = io.StringIO()
         start = time.perf_counter()
         with contextlib.redirect_stdout(log):
             compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs),
                                       target=target, options=options.__dict__)
-        result["seconds"] = round(time.perf_counter() - start, 3)
-        result.update(ptxas_figures(log.getvalue()))
-        result["shared"] = compiled.metadata.shared
-        result["tmem_size"] = getattr(compiled.metadata, "tmem_size", None)
+        figures = ptxas_figures(log.getvalue())
+        figures.update(shared=compiled.metadata.shared,
+                       tmem_size=getattr(compiled.metadata, "tmem_size", None),
+                       seconds=round(time.perf_counter() - start, 3))
+        result.update(figures)
+        if cached is not None:
+            partial = cached.with_suffix(f".{os.getpid()}")
+            partial.write_text(json.dumps(figures))
+            partial.replace(cached)  # whole or not at all, with other runs writing alongside
 
     return key, result, build
 
@@ -570,6 +597,15 @@ def constants(statements, env):
     return env
 
 
+def load_inline_parameters():
+    """The names of load_inline's parameters, in order, for calls that pass some by position."""
+    import inspect
+
+    from torch.utils import cpp_extension
+
+    return list(inspect.signature(cpp_extension.load_inline).parameters)
+
+
 def load_inline_calls(path):
     """Each ``load_inline`` call with CUDA sources, its arguments read from the source."""
     tree = ast.parse(path.read_text(), str(path))
@@ -585,6 +621,7 @@ def load_inline_calls(path):
             seen.add(id(node))
             call = {"line": node.lineno}
             try:
+                call.update(zip(load_inline_parameters(), (static_value(a, env) for a in node.args)))
                 for keyword in node.keywords:
                     value = static_value(keyword.value, env)
                     call.update(value if keyword.arg is None else {keyword.arg: value})
@@ -666,7 +703,10 @@ def compile_cuda_source(relative, call, folder):
 
 # %% Running it all, and the report
 
-def worker_setup(cache):
+def worker_setup(cache, results):
+    if results:
+        os.makedirs(results, exist_ok=True)
+        os.environ["GPU_COMPILE_RESULTS"] = results
     for name in [n for n in os.environ if n.startswith("COURSE_")]:
         del os.environ[name]  # the examples' GPU branch as a reader runs it, not a strict build
     os.environ.pop("TRITON_INTERPRET", None)
@@ -687,7 +727,7 @@ def source_key(call):
         "name", "cuda_sources", "extra_cuda_cflags", "no_implicit_headers", "unreadable")})
 
 
-def run_checks(examples, targets, jobs, use_nvcc, kernel_pattern="."):
+def run_checks(examples, targets, jobs, use_nvcc, kernel_pattern=".", results_cache=None):
     with tempfile.TemporaryDirectory(prefix="gpu-compile-") as folder:
         # One snapshot of every example: the scan, the GPU view and Triton's reading of the
         # kernels' source must all see the same text, even if a file is edited meanwhile.
@@ -701,7 +741,7 @@ def run_checks(examples, targets, jobs, use_nvcc, kernel_pattern="."):
         saved = os.environ.pop("TRITON_INTERPRET", None)  # the workers inherit the environment
         try:
             with ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=worker_setup,
-                                     initargs=(cache,)) as pool:
+                                     initargs=(cache, str(results_cache or ""))) as pool:
                 distinct = {}  # the same source and flags are compiled once
                 for rel, call in cuda_calls if use_nvcc else []:
                     if source_key(call) not in distinct:
@@ -852,6 +892,8 @@ def main(argv=None):
                         help="compute capabilities, e.g. 90 or 75,80,89,90,100")
     parser.add_argument("--jobs", type=int, default=min(os.cpu_count() or 1, 4))
     parser.add_argument("--no-nvcc", action="store_true", help="skip the load_inline CUDA sources")
+    parser.add_argument("--cache", type=Path, help="keep the figures of successful compiles here, "
+                        "keyed by a hash of everything they depend on (default: compile everything)")
     args = parser.parse_args(argv)
     targets = [int(t) for t in args.targets.split(",")]
     unknown = [t for t in targets if t not in ARCHS]
@@ -859,10 +901,14 @@ def main(argv=None):
         parser.error(f"unknown targets {unknown}; known: {list(ARCHS)}")
     examples = examples_matching(args.root.resolve(), args.examples)
     start = time.perf_counter()
-    scans, per_target, cuda = run_checks(examples, targets, args.jobs, not args.no_nvcc)
+    scans, per_target, cuda = run_checks(examples, targets, args.jobs, not args.no_nvcc, args.kernels,
+                                         args.cache)
     compiles = [c for run in per_target for c in run["compiles"]]
     failures = list({json.dumps(f, sort_keys=True): f for run in per_target for f in run["failures"]}.values())
-    failures += coverage_failures(scans, per_target, targets)
+    checked = {name: [k for k in kernels if re.search(args.kernels, k["name"])
+                      or any(re.search(args.kernels, c) for c in k["called_by"])]
+               for name, kernels in scans.items()}
+    failures += coverage_failures(checked, per_target, targets)
     failures += [{"example": s["example"], "kernel": s["name"], "target": None,
                   "error": f"nvcc failed on the CUDA source of line {s['line']}:\n{s['reason']}"}
                  for s in cuda if s["status"] == "failed"]
