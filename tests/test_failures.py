@@ -40,6 +40,13 @@ def add_example(checkout, name, text):
     (checkout / "examples" / "lecture06_kernels_triton" / name).write_text(text)
 
 
+def last_lines(log):
+    """What follows Sphinx's own report of the failure (make's "Error 1" line aside)."""
+    assert "Extension error" in log
+    tail = log[log.rindex("Extension error"):].splitlines()
+    return "\n".join(line for line in tail if not line.startswith("make"))
+
+
 def test_raising_example_fails_the_build_and_names_it(checkout):
     add_example(checkout, "98_broken.py", BROKEN)
     result = make(checkout, "html", EXAMPLES="98_broken")
@@ -48,6 +55,16 @@ def test_raising_example_fails_the_build_and_names_it(checkout):
     assert "ZeroDivisionError" in result.log
     assert "divide_by_zero" in result.log  # the traceback, not only the message
 
+    # The last lines, after Sphinx's own report: the example, its traceback, what to do.
+    tail = last_lines(result.log)
+    summary = tail[tail.index("The build failed"):]
+    assert "examples/lecture06_kernels_triton/98_broken.py" in summary
+    assert "divide_by_zero()" in summary and "ZeroDivisionError: division by zero" in summary
+    assert "What to do next" in summary
+    assert "python examples/lecture06_kernels_triton/98_broken.py" in summary  # how to reproduce it
+    assert "make html EXAMPLES=98_broken" in summary
+    assert summary.rstrip().endswith("The full log is above.")
+
 
 def test_hung_example_is_stopped_with_a_clear_message(checkout):
     add_example(checkout, "99_hung.py", HUNG)
@@ -55,3 +72,4 @@ def test_hung_example_is_stopped_with_a_clear_message(checkout):
     assert result.returncode != 0
     assert "99_hung.py ran longer than the per-example limit of 3 s" in result.log
     assert result.seconds < 120
+    assert "COURSE_EXAMPLE_TIMEOUT=1200" in last_lines(result.log)  # how to allow it longer

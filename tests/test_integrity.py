@@ -1,0 +1,384 @@
+"""Build integrity: no page loses its outputs or keeps another run's provenance, a
+removed example leaves nothing behind, and the commands do what their docs say.
+
+The build sequences run in one copy of the site the suite builds anyway, one
+after another, each ending in a full build; 02_profiling (fast, and it uses the
+profiler) is the example they edit. (example_runner and provenance come from
+sphinxext/, which tools.site_build puts on the path.)
+"""
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from types import SimpleNamespace
+
+import example_runner
+import provenance
+import pytest
+from bs4 import BeautifulSoup
+
+from tools.site_build import EXAMPLES, REPO, make
+
+EDITIONS = ("en", "zh_CN")
+EDITED = next(e for e in EXAMPLES if e.stem == "02_profiling")
+UNCHANGED = next(e for e in EXAMPLES if e.stem == "01_roofline")
+LECTURE = EDITED.parent.name
+
+EXTRA = '''"""
+Added for a while
+=================
+
+An example that is added, built and removed again.
+"""
+
+import os
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+
+print("COURSE_REQUIRE=" + os.environ.get("COURSE_REQUIRE", "<unset>"))
+folder = Path(os.environ.get("COURSE_ARTIFACT_DIR", "."))
+(folder / "97_extra_note.txt").write_text("written by 97_extra")
+fig, ax = plt.subplots()
+ax.plot([0, 1], [1, 0])
+ax.set_title("a line")
+'''
+
+SILENT = '''"""
+Says nothing
+============
+
+An example that prints nothing and draws nothing.
+"""
+
+answer = 6 * 7
+'''
+
+
+# -- Pieces, without a build ----------------------------------------------------
+
+
+def _gallery(tmp_path, stem="01_x", source="print(1)\n", executed=True):
+    """A gallery folder as sphinx-gallery and the runner leave it after running ``stem``."""
+    gallery = tmp_path / "auto_examples" / "lecture"
+    (gallery / "provenance").mkdir(parents=True)
+    copy = gallery / f"{stem}.py"
+    copy.write_text(source)
+    md5 = provenance.source_md5(gallery, stem)
+    (gallery / f"{stem}.py.md5").write_text(md5)
+    outputs = ".. rst-class:: sphx-glr-script-out\n\n .. code-block:: none\n\n    1\n" if executed else ""
+    (gallery / f"{stem}.rst").write_text(f"Title\n=====\n\n{outputs}")
+    provenance.record_path(gallery, stem).write_text(
+        f'{{"device": "CPU: test", "passed": true, "source_md5": "{md5}"}}')
+    return gallery
+
+
+def test_a_record_vouches_only_for_the_outputs_of_the_source_it_ran(tmp_path):
+    gallery = _gallery(tmp_path)
+    assert provenance.vouching_record(gallery, "01_x")["device"] == "CPU: test"
+
+    (gallery / "01_x.py").write_text("print(2)\n")  # a build wrote the page of another version
+    assert provenance.vouching_record(gallery, "01_x") is None
+
+
+def test_a_page_without_outputs_or_a_failed_run_is_not_vouched_for(tmp_path):
+    assert provenance.vouching_record(_gallery(tmp_path / "a", executed=False), "01_x") is None
+    gallery = _gallery(tmp_path / "b")
+    record = provenance.record_path(gallery, "01_x")
+    record.write_text(record.read_text().replace('"passed": true', '"passed": false'))
+    assert provenance.vouching_record(gallery, "01_x") is None
+
+
+def _app(tmp_path, examples):
+    folder = tmp_path / "examples" / "lecture"
+    folder.mkdir(parents=True)
+    for name in examples:
+        (folder / name).write_text("print(1)\n")
+    conf = {"examples_dirs": ["../examples/lecture"], "gallery_dirs": ["auto_examples/lecture"],
+            "ignore_pattern": r"__init__\.py", "backreferences_dir": "auto_examples/backreferences",
+            "filename_pattern": r"/\d\d_\w+\.py$", "plot_gallery": True, "failing_examples": {}}
+    return SimpleNamespace(srcdir=str(tmp_path / "source"), outdir=str(tmp_path / "out"),
+                           doctreedir=str(tmp_path / "doctrees"),
+                           config=SimpleNamespace(sphinx_gallery_conf=conf),
+                           builder=SimpleNamespace(format="html"))
+
+
+def test_an_md5_whose_page_was_rewritten_without_outputs_is_dropped(tmp_path):
+    app = _app(tmp_path, ["01_x.py"])
+    gallery = _gallery(tmp_path / "source", executed=False)  # as a preview leaves it
+    example_runner.drop_outputs_nobody_vouches_for(app)
+    assert not (gallery / "01_x.py.md5").exists()  # so the next build executes it
+
+    vouched = _gallery(tmp_path / "other" / "source")
+    example_runner.drop_outputs_nobody_vouches_for(_app(tmp_path / "other", ["01_x.py"]))
+    assert (vouched / "01_x.py.md5").exists()
+
+
+def test_generated_files_of_a_removed_example_go(tmp_path):
+    app = _app(tmp_path, ["01_x.py"])
+    gallery = _gallery(tmp_path / "source", stem="02_gone")
+    _gallery_files = [gallery / "images" / "sphx_glr_02_gone_001.png",
+                      gallery / "images" / "thumb" / "sphx_glr_02_gone_thumb.png",
+                      gallery / "artifacts" / "02_gone" / "trace.json"]
+    for path in _gallery_files:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("x")
+    kept = gallery / "images" / "sphx_glr_02_gone_more_001.png"  # another example's figure
+    kept.write_text("x")
+    example_runner.remove_what_removed_examples_left(app)
+    assert sorted(p.name for p in gallery.rglob("*") if p.is_file()) == [kept.name]
+
+
+def test_make_help_names_every_knob():
+    text = subprocess.run(["make", "-s", "-C", str(REPO), "help"], capture_output=True, text=True,
+                          check=True).stdout
+    for name in ["COURSE_EXAMPLE_TIMEOUT", "CACHE_RESTORE", "VENV_FLAGS", "REQUIREMENTS",
+                 "COURSE_REQUIRE", "EXAMPLES", "Ctrl+C"]:
+        assert name in text, name
+    bench = text[text.index("make bench"):].split("\nmake ")[0]
+    assert "clean build" in bench and "no-op rebuild" in bench and "editing one example" in bench
+
+
+def test_docs_stand_on_their_own():
+    """Nothing points outside the repository (the development checkout's shared/ folder)."""
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        assert "../shared" not in doc.read_text(encoding="utf-8"), doc.name
+
+
+# -- Sequences of builds ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def checkout(site, tmp_path_factory):
+    """A copy of the suite's fully built site, to run build sequences in."""
+    built, _ = site
+    copy = tmp_path_factory.mktemp("integrity") / "site"
+    shutil.copytree(built, copy, symlinks=True)
+    return copy
+
+
+def page(checkout, example, edition="en", build="html"):
+    folder = checkout / "_build" / build
+    folder = folder / edition if build != "preview" else folder
+    return folder / "auto_examples" / example.parent.name / f"{example.stem}.html"
+
+
+def shows(path):
+    """What an example page shows: outputs, figures, a provenance claim, a not-executed note."""
+    html = BeautifulSoup(path.read_text(encoding="utf-8"), "html.parser")
+    return SimpleNamespace(
+        outputs=len(html.select("div.sphx-glr-script-out")),
+        figures=len(html.select("img.sphx-glr-single-img, img.sphx-glr-multi-img")),
+        provenance=html.select_one("div.provenance"),
+        not_executed=html.select_one("div.not-executed"),
+        text=html.get_text(" ", strip=True),
+    )
+
+
+def edit(example_in_checkout):
+    original = example_in_checkout.read_text()
+    example_in_checkout.write_text(original + "\n# edited by the integrity test\n")
+    return original
+
+
+def checked(result):
+    assert result.returncode == 0, result.log[-4000:]
+    return result
+
+
+def assert_executed_and_vouched(checkout, example):
+    for edition in EDITIONS:
+        seen = shows(page(checkout, example, edition))
+        assert seen.outputs and seen.figures, f"{example.stem} lost its outputs ({edition})"
+        assert seen.provenance is not None and seen.not_executed is None, edition
+
+
+def assert_not_executed(seen):
+    assert seen.not_executed is not None, "no 'not executed' note"
+    assert seen.provenance is None and seen.outputs == 0 and seen.figures == 0
+
+
+@pytest.fixture(scope="module")
+def after_preview(checkout):
+    """Edit an example, preview, put it back, build in full (issue 15, §1, first sequence)."""
+    edited = checkout / EDITED.relative_to(REPO)
+    original = edit(edited)
+    preview = checked(make(checkout, "preview"))
+    preview_pages = {e: shows(page(checkout, e, build="preview")) for e in (EDITED, UNCHANGED)}
+    edited.write_text(original)
+    return preview, preview_pages, checked(make(checkout, "html"))
+
+
+def test_preview_page_of_an_edited_example_makes_no_claim(after_preview):
+    preview, pages, _ = after_preview
+    assert_not_executed(pages[EDITED])
+    assert pages[UNCHANGED].outputs and pages[UNCHANGED].provenance is not None
+    assert "No example was executed" in preview.log
+
+
+def test_full_build_after_a_preview_shows_every_output(checkout, after_preview):
+    _, _, html = after_preview
+    assert html.examples_executed_per_edition == {"en": 1, "zh_CN": 0}
+    assert_executed_and_vouched(checkout, EDITED)
+
+
+def test_profiler_prints_no_usdt_lines_in_the_build(after_preview):
+    _, _, html = after_preview  # it executed 02_profiling, which profiles five workloads
+    assert "02_profiling.py" in html.log
+    assert "USDT" not in html.log and "profiler_start" not in html.log
+
+
+@pytest.fixture(scope="module")
+def after_partial_build(checkout, after_preview):
+    """Edit one example, build a new one alone, put the first back, build in full
+    (§1, second sequence). The new one goes before that full build, and another comes
+    that prints nothing, so that the full build fails (§1's guard); then it goes too,
+    and the next full build succeeds (§2)."""
+    edited = checkout / EDITED.relative_to(REPO)
+    added = {name: checkout / "examples" / LECTURE / f"{name}.py" for name in ("97_extra", "96_silent")}
+    added["97_extra"].write_text(EXTRA)
+    original = edit(edited)
+    partial = checked(make(checkout, "html", EXAMPLES="97_extra"))
+    pages = {edition: shows(page(checkout, EDITED, edition)) for edition in EDITIONS}
+    extra_page = shows(page(checkout, added["97_extra"]))
+
+    edited.write_text(original)
+    added["97_extra"].unlink()
+    added["96_silent"].write_text(SILENT)
+    refused = make(checkout, "html")
+    added["96_silent"].unlink()
+    return SimpleNamespace(partial=partial, pages=pages, extra=extra_page, refused=refused,
+                           html=checked(make(checkout, "html")))
+
+
+def test_partial_build_says_which_pages_it_did_not_execute(after_partial_build):
+    built = after_partial_build
+    assert built.partial.examples_executed_per_edition == {"en": 1, "zh_CN": 0}
+    for edition in EDITIONS:
+        assert_not_executed(built.pages[edition])
+    assert "Not executed in this build" in built.pages["en"].text
+    assert "本次构建未运行此示例" in built.pages["zh_CN"].text
+    assert built.extra.outputs and built.extra.figures and built.extra.provenance is not None
+
+
+def test_build_declares_what_its_machine_must_have(after_partial_build):
+    import torch
+
+    default = "cxx,nvcc,triton,inductor" if torch.cuda.is_available() else "cxx,triton,inductor"
+    assert f"COURSE_REQUIRE={os.environ.get('COURSE_REQUIRE', default)}" in after_partial_build.extra.text
+
+
+def test_full_build_fails_on_a_page_without_outputs(after_partial_build):
+    refused = after_partial_build.refused
+    assert refused.returncode != 0
+    tail = refused.log[refused.log.rindex("Extension error"):]
+    assert "96_silent.py: its page shows no printed output and no figure" in tail
+    assert "What to do next" in tail
+
+
+def test_full_build_after_a_partial_one_shows_every_output(checkout, after_partial_build):
+    # The refused build executed 02_profiling again before it stopped; this one writes its pages.
+    assert after_partial_build.html.examples_executed == 0
+    assert_executed_and_vouched(checkout, EDITED)
+
+
+def test_removed_examples_leave_nothing_behind(checkout, after_partial_build):
+    assert "isn't included in any toctree" not in after_partial_build.html.log
+    left = [p.relative_to(checkout) for folder in ("source", "_build")
+            for name in ("97_extra", "96_silent") for p in (checkout / folder).rglob(f"*{name}*")]
+    assert not left, left
+
+
+# -- make serve --------------------------------------------------------------------
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _fetch(url):
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return response.status, response.read().decode("utf-8")
+
+
+class Served:
+    """``make serve`` on a free port, running in a session of its own."""
+
+    def __init__(self, checkout):
+        self.base = f"http://127.0.0.1:{_free_port()}/"
+        self.process = subprocess.Popen(
+            ["make", "-C", str(checkout), "serve", f"VENV={sys.prefix}",
+             f"PORT={self.base.rsplit(':', 1)[1].strip('/')}"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        )
+        self.lines = []
+        self.ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.process.stdout:
+            self.lines.append(line)
+            if line.startswith("Serving http"):
+                self.ready.set()
+
+    def log(self):
+        return "".join(self.lines[-40:])
+
+    def ctrl_c(self, timeout=30):
+        """What a terminal sends on Ctrl+C: SIGINT to the whole foreground group."""
+        os.killpg(self.process.pid, signal.SIGINT)
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            return None
+
+
+@pytest.fixture(scope="module")
+def served(checkout, after_partial_build):
+    server = Served(checkout)
+    server.ready.wait(timeout=600)
+    yield server
+    if server.process.poll() is None:
+        server.ctrl_c()
+
+
+def test_serve_serves_both_editions_and_the_switcher_works(served):
+    assert served.ready.is_set(), served.log()
+    status, english = _fetch(served.base + "en/index.html")
+    assert status == 200
+    switcher = BeautifulSoup(english, "html.parser").select_one(".language-switcher a[hreflang=zh-CN]")
+    chinese_url = urllib.request.urljoin(served.base + "en/index.html", switcher["href"])
+    assert chinese_url == served.base + "zh_CN/index.html"
+    status, chinese = _fetch(chinese_url)
+    assert status == 200 and '<html lang="zh-CN"' in chinese
+
+
+def test_serve_and_html_keep_their_own_trees(checkout, served):
+    assert served.ready.is_set(), served.log()
+    again = checked(make(checkout, "html"))
+    assert again.examples_executed == 0
+    # Neither edition reads every page again: no "[new config]", "[config changed ...]"
+    # or "source directory has changed", as when both wrote the same doctrees.
+    updates = re.findall(r"^updating environment: .*$", again.log, flags=re.MULTILINE)
+    assert len(updates) == 2 and not any("[" in line for line in updates), updates
+    assert "loading pickled environment... failed" not in again.log
+    assert (checkout / "_build" / "serve" / "zh_CN" / "index.html").is_file()
+
+
+def test_ctrl_c_stops_serve(served):
+    assert any("press Ctrl+C to stop" in line for line in served.lines), served.log()
+    assert served.ctrl_c() is not None, "make serve did not stop on Ctrl+C"
+    time.sleep(0.5)
+    assert "Stopped serving" in served.log()
+    with pytest.raises(OSError):
+        _fetch(served.base + "en/index.html")
