@@ -41,9 +41,12 @@ def run_check(out, cache, *options):
 
 @pytest.fixture(scope="module")
 def full_check(tmp_path_factory, results_cache):
+    """The check's run, and the @triton.jit functions in the examples as it started."""
+    in_source = jit_functions_in_source()
     done, report = run_check(tmp_path_factory.mktemp("gpu-compile"), results_cache)
     print(done.stdout[-3000:], done.stderr[-3000:])
     assert report is not None, done.stderr[-3000:]
+    report["jit_functions_in_source"] = in_source
     return done, report
 
 
@@ -70,7 +73,7 @@ def test_the_check_passes(full_check):
 def test_the_scan_finds_every_kernel_and_each_is_compiled_everywhere(full_check):
     _, report = full_check
     assert {example: {k["name"] for k in kernels} for example, kernels in report["kernels"].items()
-            if kernels} == jit_functions_in_source()
+            if kernels} == report["jit_functions_in_source"]
     for example, kernels in report["kernels"].items():
         for kernel in kernels:
             for cc in ARCHS:
@@ -80,7 +83,7 @@ def test_the_scan_finds_every_kernel_and_each_is_compiled_everywhere(full_check)
 
 
 def autotune_config_counts():
-    """{kernel: number of configurations its triton.autotune call lists}, read from the source."""
+    """{(example, kernel): number of configurations its triton.autotune call lists}, from the source."""
     counts = {}
     for path in EXAMPLES.glob("lecture*/[0-9][0-9]_*.py"):
         tree = ast.parse(path.read_text())
@@ -91,7 +94,7 @@ def autotune_config_counts():
                     and ast.unparse(node.func.func) == "triton.autotune"):
                 configs = next(k.value for k in node.func.keywords if k.arg == "configs")
                 configs = lists.get(configs.id, configs) if isinstance(configs, ast.Name) else configs
-                counts[node.args[0].id] = len(configs.elts)
+                counts[(str(path.relative_to(EXAMPLES)), node.args[0].id)] = len(configs.elts)
     return counts
 
 
@@ -99,24 +102,30 @@ def test_every_autotune_configuration_is_compiled_for_every_target(full_check):
     _, report = full_check
     counts = autotune_config_counts()
     assert counts, "no autotuned kernel found in the examples"
-    for kernel, count in counts.items():
+    for (example, kernel), count in counts.items():
         for cc in ARCHS:
             configs = {re.sub(r" ACTIVATION=\S*| \w+==1| \*\S+| div16:\S+", "", c["specialisation"])
-                       for c in report["compiles"] if c["kernel"] == kernel and c["target"] == cc}
-            assert len(configs) == count, (kernel, cc, sorted(configs))
+                       for c in report["compiles"]
+                       if (c["example"], c["kernel"], c["target"]) == (example, kernel, cc)}
+            assert len(configs) == count, (example, kernel, cc, sorted(configs))
 
 
 def test_the_gpu_branch_dtypes_and_the_launcher_specialisations(full_check):
     _, report = full_check
 
-    def specialisations(kernel, cc):
-        return [c["specialisation"] for c in report["compiles"]
-                if c["kernel"] == kernel and c["target"] == cc]
+    def specialisations(example, kernel, cc):
+        found = [c["specialisation"] for c in report["compiles"]
+                 if (c["example"], c["kernel"], c["target"]) == (example, kernel, cc)]
+        assert found, (example, kernel, cc)
+        return found
 
+    matmul = "lecture06_kernels_triton/05_triton_softmax_matmul.py", "matmul_kernel"
+    attention = "lecture05_gpus/06_flash_attention.py", "flash_attention_kernel"
     for cc in ARCHS:  # 16-bit matmuls: bfloat16 from compute capability 8.0 on, float16 before
-        assert all(("*bf16" if cc >= 80 else "*fp16") in s for s in specialisations("matmul_kernel", cc))
-        assert all("*fp16" in s for s in specialisations("flash_attention_kernel", cc))
-    adds = specialisations("add_kernel", 90)  # lengths 1, odd ones, and 2**26 among the launches
+        assert all(("*bf16" if cc >= 80 else "*fp16") in s for s in specialisations(*matmul, cc))
+        assert all("*fp16" in s for s in specialisations(*attention, cc))
+    # lengths 1, odd ones, and 2**26 among the launches
+    adds = specialisations("lecture06_kernels_triton/04_triton_basics.py", "add_kernel", 90)
     assert any("n_elements==1" in s for s in adds)
     assert any("div16:n_elements" in s for s in adds)
     assert any("n_elements" not in s for s in adds)
