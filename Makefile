@@ -14,22 +14,47 @@ export COURSE_EXAMPLES := $(EXAMPLES)
 endif
 
 EDITIONS    := en zh_CN
+PORT        ?= 8000
+
+# What the build machine must have, or the examples that need it fail the build
+# (docs/how-the-build-works.md). Unset: the runner's defaults for CPU or CUDA;
+# COURSE_REQUIRE= (empty) lets examples skip what is missing.
+ifneq ($(origin COURSE_REQUIRE),undefined)
+export COURSE_REQUIRE
+endif
 
 .PHONY: help html html-fresh cache-save preview serve test bench lint clean venv translations gpu-check browser-deps
 
 help:
-	@echo "make html      build both editions (reusing gallery-cache/ where it matches) into $(BUILD)/html/{en,zh_CN}, executing the examples once"
+	@echo "make html      build both editions into $(BUILD)/html/{en,zh_CN}, executing every example whose"
+	@echo "               outputs are not current (reusing gallery-cache/ where it matches)"
 	@echo "make html-fresh  build afresh on this machine, ignoring gallery-cache/"
 	@echo "make cache-save  keep this build's example outputs in gallery-cache/ (GPU machine)"
-	@echo "make preview   build the English pages quickly, executing no example"
-	@echo "make serve     build, serve on http://127.0.0.1:8000 and rebuild on change"
+	@echo "make preview   the English pages in $(BUILD)/preview, executing no example: pages of unchanged"
+	@echo "               examples keep an earlier build's outputs, the others say they were not executed"
+	@echo "make serve     build both editions into $(BUILD)/serve, serve them on http://127.0.0.1:$(PORT)/"
+	@echo "               (en/ and zh_CN/) and rebuild when a file changes; Ctrl+C stops it"
 	@echo "make test      run the whole test suite (builds the site in a temporary folder)"
-	@echo "make bench     time a clean build and a no-op rebuild"
+	@echo "make bench     in a temporary copy, time a clean build, a no-op rebuild and a rebuild after"
+	@echo "               editing one example, and count the examples each executed"
 	@echo "make gpu-check run every example at full size, one process each; report in $(BUILD)/gpu-check"
+	@echo "make gpu-compile  compile every kernel for five GPU generations, no GPU needed; report in $(BUILD)/gpu-compile"
+	@echo "make gpu-wheels  download the English build's tools as wheels for the GPU machine into $(GPU_WHEELS)"
+	@echo "make gpu-import OUT='dir ...'  put what tools/gpu_build.sh OUT wrote into gallery-cache/"
 	@echo "make lint      ruff"
 	@echo "make translations  extract messages and update the catalogs in locale/zh_CN"
-	@echo "make clean     remove the build and the gallery's generated pages"
-	@echo "EXAMPLES=regex limits which examples execute, e.g. make html EXAMPLES=06_torch_compile"
+	@echo "make clean     remove $(BUILD) and the gallery's generated pages (source/auto_examples)"
+	@echo ""
+	@echo "Variables, e.g. make html EXAMPLES=06_torch_compile:"
+	@echo "  EXAMPLES=regex            execute only the examples whose file names match"
+	@echo "  COURSE_EXAMPLE_TIMEOUT=s  stop an example that runs longer than s seconds (600)"
+	@echo "  COURSE_REQUIRE=list       what this machine must have, or the build fails: by default"
+	@echo "                            cxx,triton,inductor on a CPU, cxx,nvcc,triton,inductor with CUDA;"
+	@echo "                            COURSE_REQUIRE= lets examples skip what is missing"
+	@echo "  CACHE_RESTORE=no          do not put back outputs from gallery-cache/ first"
+	@echo "  VENV_FLAGS=, REQUIREMENTS=  how $(VENV) is made; on the GPU machine, to reuse its torch:"
+	@echo "                            VENV_FLAGS=--system-site-packages REQUIREMENTS=requirements-docs.txt"
+	@echo "  VENV=dir, BUILD=dir       the virtual environment ($(VENV)) and the build folder ($(BUILD))"
 
 # On the GPU build machine, reuse its own torch and triton:
 #   make html VENV_FLAGS=--system-site-packages REQUIREMENTS=requirements-docs.txt
@@ -57,14 +82,17 @@ html: venv
 	cp $(BUILD)/html/en/404.html $(BUILD)/html/404.html
 	@echo "The site is in $(BUILD)/html/index.html"
 
+# Executes nothing: an example's page keeps the outputs of an earlier build while
+# the example is unchanged; any other says "Not executed in this build".
 preview: venv
 	$(SPHINXBUILD) -b html -D plot_gallery=0 -d $(BUILD)/doctrees/preview source $(BUILD)/preview
-	@echo "Preview (no example outputs) in $(BUILD)/preview/index.html"
+	@echo "Preview in $(BUILD)/preview/index.html. No example was executed: pages of unchanged"
+	@echo "examples show the outputs of an earlier make html, the others say they were not executed."
 
+# Its own build tree (a copy of make html's to start with), so that make html and
+# make serve do not re-read each other's pages.
 serve: venv
-	$(BIN)/python -m pip install --quiet sphinx-autobuild==2025.8.25
-	$(BIN)/sphinx-autobuild -c . --port 8000 --watch examples --watch sphinxext \
-		--ignore "*/auto_examples/*" -d $(BUILD)/doctrees/en source $(BUILD)/html/en
+	$(BIN)/python tools/serve.py --out $(BUILD)/serve --seed $(BUILD) --port $(PORT)
 
 test: venv browser-deps
 	$(BIN)/python -m pytest tests
@@ -113,3 +141,40 @@ translations: venv
 
 clean:
 	rm -rf $(BUILD) source/auto_examples source/sg_execution_times.rst
+
+# The GPU build machine has no network: bring the English build's tools to it as
+# wheels for its Python (3.12 on x86-64 Linux). Not torch, triton, numpy or
+# matplotlib, which it has; not jieba or sphinx-intl, which only the Chinese
+# edition needs. The folder is at most 40 MiB; the rule fails above that.
+# (The tests' CPU rehearsal downloads them for its own Python: GPU_PYTHON_VERSION=3.11.)
+GPU_PYTHON_VERSION ?= 3.12
+GPU_WHEELS ?= .cache/gpu-wheels
+.PHONY: gpu-wheels gpu-import
+gpu-wheels: $(GPU_WHEELS)/requirements.txt
+$(GPU_WHEELS)/requirements.txt: requirements-docs.txt
+	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
+	grep -v -E '^(jieba|sphinx-intl)==' requirements-docs.txt > $(GPU_WHEELS)/english-edition.txt
+	$(CHECK_PYTHON) -m pip download --quiet --disable-pip-version-check -d $(GPU_WHEELS) \
+	  -r $(GPU_WHEELS)/english-edition.txt --only-binary=:all: --python-version $(GPU_PYTHON_VERSION) \
+	  --implementation cp --abi cp$(subst .,,$(GPU_PYTHON_VERSION)) --platform manylinux2014_x86_64 \
+	  --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64
+	@$(CHECK_PYTHON) -c "import pathlib, sys; mib = sum(p.stat().st_size for p in \
+	  pathlib.Path('$(GPU_WHEELS)').glob('*.whl')) / 2**20; \
+	  print(f'{mib:.1f} MiB of wheels in $(GPU_WHEELS)'); sys.exit(mib > 40)"
+	mv $(GPU_WHEELS)/english-edition.txt $@
+
+# On any machine: put what tools/gpu_build.sh wrote (one folder per call or
+# shard) into gallery-cache/ and merge the shards' reports into $(BUILD)/gpu-report.
+# Then make html builds both editions from those outputs, executing none of them.
+GPU_OUT = $(or $(OUT),$(FROM))
+gpu-import:
+	@test -n "$(GPU_OUT)" || { echo "usage: make gpu-import OUT='folder ...' (what tools/gpu_build.sh wrote)"; exit 2; }
+	$(CHECK_PYTHON) tools/gallery_cache.py import $(GPU_OUT)
+	$(CHECK_PYTHON) tools/gpu_check.py --merge $(GPU_OUT) --out $(BUILD)/gpu-report
+
+# Compile every Triton launch and autotune configuration of the examples for compute
+# capability 7.5 to 10.0, and their load_inline CUDA sources with nvcc, with no GPU
+# (docs/gpu-compile-check.md). make test runs it through tests/test_gpu_compile.py.
+.PHONY: gpu-compile
+gpu-compile:
+	$(CHECK_PYTHON) tools/gpu_compile.py --out $(BUILD)/gpu-compile
