@@ -248,13 +248,15 @@ def test_the_gpu_view_leaves_out_what_would_act(tmp_path):
     marker = tmp_path / "written"
     example.write_text(
         "import math\n"
+        "import shutil\n"
         "DEVICE = 'cuda'\n"
         f"open({str(marker)!r}, 'w').write('x')\n"
         f"WRITTEN = open({str(marker)!r}, 'w').write('x')\n"
+        f"COPIED = shutil.copy({__file__!r}, {str(marker)!r})\n"
         "SIZES = [1, 2] if DEVICE == 'cuda' else [1]\n"
         "if DEVICE == 'cuda':\n"
         "    SIZES.append(math.isqrt(9))\n")
     view = GpuView(example)
     assert not marker.exists()
     assert view.namespace["SIZES"] == [1, 2, 3]
-    assert "WRITTEN" not in view.namespace
+    assert "WRITTEN" not in view.namespace and "COPIED" not in view.namespace

@@ -6,7 +6,7 @@ wheel. For every example this check
 - lists every ``@triton.jit`` function with a static scan of the source;
 - builds the example's *GPU view*: its imports, definitions and constants,
   executed with ``DEVICE == "cuda"`` and the target's compute capability, and
-  nothing that computes, times or prints;
+  nothing that times, plots, prints, allocates or writes;
 - calls the host functions named in the example's ``GPU_LAUNCHES`` on
   shape-only (``meta``) tensors, so that the example's own code picks the block
   sizes, warps, dtypes and autotune configurations, and records each kernel
@@ -192,20 +192,27 @@ SAFE_METHODS = {"append", "extend", "items", "keys", "values", "get", "index", "
                 "removeprefix", "format", "copy"}
 
 
-def calls_only(node, allowed):
+def imported_names(tree):
+    """Names the example binds by importing: modules and what it takes from them."""
+    return {alias.asname or alias.name.split(".")[0] for node in ast.walk(tree)
+            if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+
+
+def calls_only(node, harmless, imported):
     """Whether every call inside ``node`` is harmless: it computes a value and touches nothing."""
     for call in ast.walk(node):
         if not isinstance(call, ast.Call) or isinstance(call.func, ast.Call):
             continue  # a decorator factory's result; the factory itself is checked
         name = dotted(call.func)
-        if name in SAFE_CALLS or name in allowed or (name or "").startswith("math."):
+        if name in SAFE_CALLS or name in harmless or (name or "").startswith("math."):
             continue
         if isinstance(call.func, ast.Name) and (call.func.id in SAFE_BUILTINS or isinstance(
                 getattr(builtins, call.func.id, None), type) and issubclass(
                 getattr(builtins, call.func.id), Exception)):
             continue  # building an exception to raise touches nothing
-        if isinstance(call.func, ast.Attribute) and call.func.attr in SAFE_METHODS:
-            continue
+        if (isinstance(call.func, ast.Attribute) and call.func.attr in SAFE_METHODS
+                and (name or ".").split(".")[0] not in imported):
+            continue  # a method of a value (SIZES.append), not of a module (shutil.copy)
         return False
     return True
 
@@ -213,10 +220,11 @@ def calls_only(node, allowed):
 def harmless_functions(tree):
     """The example's functions that only compute values from others like them."""
     functions = {f.name: f for f in module_level_definitions(tree)}
+    imported = imported_names(tree)
     harmless = set()
     while True:
         grown = {name for name, f in functions.items()
-                 if name not in harmless and calls_only(ast.Module(f.body, []), harmless)}
+                 if name not in harmless and calls_only(ast.Module(f.body, []), harmless, imported)}
         if not grown:
             return harmless
         harmless |= grown
@@ -229,6 +237,7 @@ class GpuView:
         self.path = path
         self.tree = ast.parse(path.read_text(), str(path))
         self.harmless = harmless_functions(self.tree)
+        self.imported = imported_names(self.tree)
         self.skipped = []  # (line, why) of statements left out
         name = f"gpu_view_{path.stem}"
         self.module = types.ModuleType(name)
@@ -237,6 +246,9 @@ class GpuView:
         self.namespace = self.module.__dict__
         with contextlib.redirect_stdout(io.StringIO()):
             self.run(self.tree.body)
+
+    def harmless_code(self, node):
+        return calls_only(node, self.harmless, self.imported)
 
     def execute(self, node):
         code = compile(ast.Module([node], []), str(self.path), "exec")
@@ -253,12 +265,12 @@ class GpuView:
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 self.execute(node)  # the GPU path needs every import
             elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-                if calls_only(ast.Module(node.decorator_list, []), self.harmless):
+                if self.harmless_code(ast.Module(node.decorator_list, [])):
                     self.attempt(node)
                 else:
                     self.skipped.append((node.lineno, "a decorator with side effects"))
             elif isinstance(node, ast.If):
-                if not calls_only(node.test, self.harmless):
+                if not self.harmless_code(node.test):
                     self.skipped.append((node.lineno, "a condition with side effects"))
                     continue
                 try:
@@ -271,14 +283,14 @@ class GpuView:
             elif isinstance(node, ast.Try):
                 self.run(node.body)  # the GPU path takes no except branch
             elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-                if node.value is not None and calls_only(node.value, self.harmless):
+                if node.value is not None and self.harmless_code(node.value):
                     self.attempt(node)
                 else:
                     self.skipped.append((node.lineno, "computes with side effects"))
             elif (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
                   and isinstance(node.value.func, ast.Attribute)
                   and node.value.func.attr in ("append", "extend")
-                  and calls_only(node.value, self.harmless)):
+                  and self.harmless_code(node.value)):
                 self.attempt(node)  # SIZES.append(...) in a CUDA branch
             else:
                 self.skipped.append((node.lineno, type(node).__name__))
