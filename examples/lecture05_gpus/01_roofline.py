@@ -11,7 +11,9 @@ that you can read off whether an operation is memory- or compute-bound.
 
 **Requirements.** Full version: a CUDA GPU (bf16 needs compute capability 8.0
 or newer). On a CPU the same measurements run in float32 at small sizes; the
-CPU's roofline sits orders of magnitude below the GPUs'.
+CPU's roofline sits orders of magnitude below the GPUs'. On a T4 (compute
+capability 7.5, as on free Colab notebooks) it measures in float16 instead of
+bfloat16.
 """
 
 # %%

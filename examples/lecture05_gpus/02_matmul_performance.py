@@ -10,7 +10,9 @@ of streaming multiprocessors), and compares the second with a simple model.
 
 **Requirements.** Full version: a CUDA GPU (bf16 needs compute capability 8.0
 or newer). On a CPU the page measures float32 matmuls up to about
-:math:`n = 1000` and draws the wave model for an H200 without measuring it.
+:math:`n = 1000` and draws the wave model for an H200 without measuring it. On
+a T4 (compute capability 7.5, as on free Colab notebooks) it times float16
+matmuls instead of bfloat16 ones.
 """
 
 # %%

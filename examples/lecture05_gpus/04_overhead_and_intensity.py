@@ -11,7 +11,8 @@ which of the three limits a kernel hits.
 **Requirements.** Full version: a CUDA GPU; ``torch.compile`` generates
 Triton kernels for it. On a CPU, ``torch.compile`` generates C++ and the page
 shows the same three regimes at smaller sizes, with fewer arithmetic steps
-because each compile takes seconds.
+because each compile takes seconds. On a T4 (compute capability 7.5, as on free
+Colab notebooks) it runs as on any CUDA GPU.
 """
 
 # %%

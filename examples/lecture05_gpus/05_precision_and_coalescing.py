@@ -9,7 +9,10 @@ effects from the size of a number and the size of a memory transaction.
 
 **Requirements.** Full version: a CUDA GPU with bfloat16 support (compute
 capability 8.0 or newer). A CPU shows the same byte accounting at smaller
-sizes; whether bfloat16 arithmetic is fast there depends on the CPU.
+sizes; whether bfloat16 arithmetic is fast there depends on the CPU. On a T4
+(compute capability 7.5, as on free Colab notebooks), which has no native
+bfloat16, the precision section times float32 alone and skips the bfloat16
+checks and ratios; the coalescing section runs as on any CUDA GPU.
 """
 
 # %%

@@ -10,6 +10,8 @@ grows with the size of the matrices.
 **Requirements.** Full version: a CUDA GPU (bf16 needs compute capability 8.0
 or newer). On a CPU the page shows the warm-up effect, the spread between runs
 and the matmul sweep at small sizes; the asynchronous-launch trap needs a GPU.
+On a T4 (compute capability 7.5, as on free Colab notebooks) the matmul sweep
+runs in float32 only, because bfloat16 is emulated there.
 """
 
 # %%

@@ -14,6 +14,8 @@ interpreter mode (``TRITON_INTERPRET=1``) at small sizes: the page checks
 every kernel and counts programs, but times only PyTorch and
 ``torch.compile``. That a Triton kernel inside ``torch.compile`` stays one
 graph is checked on a GPU only. Without Triton, the Triton parts are skipped.
+On a T4 (compute capability 7.5, as on free Colab notebooks) it runs as on any
+CUDA GPU.
 """
 
 # %%

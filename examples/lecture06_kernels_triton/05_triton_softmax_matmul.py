@@ -11,7 +11,10 @@ awkward shapes, and measure it against the library.
 **Requirements.** Full version: a CUDA GPU and Triton (bfloat16 needs compute
 capability 8.0 or newer, else float16 is used). On a CPU, Triton runs in
 interpreter mode at small sizes: the page checks correctness, times only
-PyTorch, and draws the program-order model, which needs no GPU.
+PyTorch, and draws the program-order model, which needs no GPU. On a T4
+(compute capability 7.5, as on free Colab notebooks) the matmuls run in float16
+instead of bfloat16, and the autotune configurations that need more shared
+memory than a block gets there are reported and left out of the check.
 """
 
 # %%

@@ -18,7 +18,9 @@ interpreter mode at small sizes, in float32: the page checks every gradient
 (``torch.compile``'s too, for which Inductor writes C++ and needs a C++
 compiler), trains the small model, and draws the byte model instead of
 timings. Without Triton, only the PyTorch parts run: the formulas, the byte
-model, the compiled reference and the reference training run.
+model, the compiled reference and the reference training run. On a T4 (compute
+capability 7.5, as on free Colab notebooks) the Triton kernels are checked and
+timed in float16 instead of bfloat16.
 """
 
 # %%
