@@ -81,8 +81,7 @@ def insert_colab_links(app, docname, source):
     else:
         url = notebook_url(repo, branch, lecture, parts[2])
         block = _raw_html(
-            f'<p class="colab-link"><a class="btn btn-sm btn-outline-primary" '
-            f'href="{html.escape(url)}">{text["one"]}</a></p>'
+            f'<p class="colab-link"><a href="{html.escape(url)}">{text["one"]}</a></p>'
         )
     source[0] = _after_title(source[0], block.rstrip() + "\n")
 

@@ -21,6 +21,18 @@ document.addEventListener("DOMContentLoaded", function () {
       throwOnError: false
     });
   });
+  // A formula wider than the column scrolls; a keyboard user must be able to reach it.
+  function focusWideFormulas() {
+    document.querySelectorAll(".katex-display").forEach(function (display) {
+      if (display.scrollWidth > display.clientWidth) {
+        display.tabIndex = 0;
+      } else {
+        display.removeAttribute("tabindex");
+      }
+    });
+  }
+  focusWideFormulas();
+  window.addEventListener("resize", focusWideFormulas);
 });
 """
 
