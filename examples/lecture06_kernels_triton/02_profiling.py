@@ -291,7 +291,12 @@ gelu_totals = {"hand-written": median_us(partial(hand_gelu, x)),
 print(f"{'GeLU':<13}  {'launched':>8}  {'time per call (us)':>18}")
 for name, prof in gelu_profiles.items():
     print(f"{name:<13}  {launches_per_call(prof):>8g}  {gelu_totals[name]:18.1f}")
-if gelu_totals["hand-written"] <= gelu_totals["F.gelu"]:
+if launches_per_call(hand_gelu_profile) <= launches_per_call(library_gelu_profile):
+    raise RuntimeError("expected the hand-written GeLU to launch more kernels than F.gelu")
+# On a GPU each extra launch is a full pass over memory, so the time follows the
+# count. A CPU's time for a small input swings with what else the cores run (a
+# loaded build machine can invert it), so there the time is only printed.
+if DEVICE == "cuda" and gelu_totals["hand-written"] <= gelu_totals["F.gelu"]:
     raise RuntimeError("expected the hand-written GeLU to take longer than F.gelu")
 
 gelu_colors = {"hand-written": "tab:red", "F.gelu": "tab:blue"}
