@@ -59,7 +59,7 @@ suppress_warnings = []
 # One gallery folder per lecture. Every example is executed, in file-number
 # order, unless COURSE_EXAMPLES narrows the run to the matching file names
 # (a regular expression), e.g. COURSE_EXAMPLES=06_torch_compile.
-LECTURES = ["lecture05_gpus", "lecture06_kernels_triton"]
+LECTURES = ["lecture05_gpus", "lecture06_kernels_triton", "lecture07_parallelism"]
 EXAMPLES_TO_RUN = os.environ.get("COURSE_EXAMPLES", r"\d\d_\w+")
 # COURSE_LECTURES=lecture05_gpus (comma-separated) executes only those lectures'
 # examples, as one shard of the GPU build does; every gallery still gets its pages.
