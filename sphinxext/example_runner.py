@@ -69,12 +69,14 @@ def _prepare(src_file, gallery_dir):
     """Before an example: required capabilities, Triton's interpreter, artefacts, time limit.
 
     COURSE_REQUIRE names the capabilities this build must have, so that an example's
-    skip of one fails the build: "cxx,triton,inductor" on a CPU, "cxx,nvcc,triton,inductor"
-    on CUDA. A value already in the environment wins; an empty one makes a lenient build.
+    skip of one fails the build: "cxx,triton,inductor,distributed" on a CPU,
+    "cxx,nvcc,triton,inductor,distributed" on CUDA. A value already in the environment wins;
+    an empty one makes a lenient build.
     """
     import torch
 
     strict = "cxx,nvcc,triton,inductor" if torch.cuda.is_available() else "cxx,triton,inductor"
+    strict += ",distributed"  # lecture 7 forks its ranks with torch.distributed
     os.environ.setdefault("COURSE_REQUIRE", strict)
     _use_triton_interpreter_without_cuda()
     _quiet_profiler_markers()

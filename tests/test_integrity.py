@@ -272,6 +272,7 @@ def test_build_declares_what_its_machine_must_have(after_partial_build):
     import torch
 
     default = "cxx,nvcc,triton,inductor" if torch.cuda.is_available() else "cxx,triton,inductor"
+    default += ",distributed"
     assert f"COURSE_REQUIRE={os.environ.get('COURSE_REQUIRE', default)}" in after_partial_build.extra.text
 
 

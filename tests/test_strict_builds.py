@@ -45,7 +45,7 @@ def writes_triton(example):
 
 CXX_EXAMPLES = [e for e in EXAMPLES if compiles_cxx(e)]
 TRITON_EXAMPLES = [e for e in EXAMPLES if writes_triton(e)]
-CAPABILITIES = {"cxx", "nvcc", "triton", "inductor", "sm80"}
+CAPABILITIES = {"cxx", "nvcc", "triton", "inductor", "distributed", "sm80"}
 
 
 def example(name):
@@ -400,4 +400,5 @@ def test_the_build_requires_the_cpu_capabilities_unless_told_otherwise(tmp_path)
     import torch
 
     expected = "cxx,nvcc,triton,inductor" if torch.cuda.is_available() else "cxx,triton,inductor"
+    expected += ",distributed"
     assert done.stdout.split() == [expected, "''"]
