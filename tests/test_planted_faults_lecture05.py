@@ -16,6 +16,7 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "lecture05_gpus"
 FLASH = "06_flash_attention.py"
 CHAIN = "04_overhead_and_intensity.py"
+ON_CHIP = "07_occupancy_and_on_chip.py"
 
 # name: (example, [(text, replacement), ...])
 FAULTS = {
@@ -42,6 +43,16 @@ FAULTS = {
         ("    out.copy_(repeated_fma(x, repeats))\n",
          ("    result = repeated_fma(x, repeats)\n    torch._dynamo.graph_break()\n"
           "    out.copy_(result)\n")),
+    ]),
+    # the register file counted per SM, not per sub-partition: four times the resident warps
+    "register file not split in sub-partitions": (ON_CHIP, [
+        ("warps_per_partition = sm[\"registers\"] // SUB_PARTITIONS // registers_per_warp",
+         "warps_per_partition = sm[\"registers\"] // registers_per_warp"),
+    ]),
+    # the K loop stops one tile early: the tail of an irregular K is never multiplied
+    "matmul drops the last K tile": (ON_CHIP, [
+        ("        for k in range(0, K, BLOCK_K):\n            a = tl.load(",
+         "        for k in range(0, K - BLOCK_K, BLOCK_K):\n            a = tl.load("),
     ]),
 }
 
@@ -94,3 +105,17 @@ def test_tiled_attention_rejects_a_missing_running_maximum(failures):
 def test_fused_chain_rejects_a_second_kernel(failures):
     failure = last_line(failures, "graph break in the fused chain")
     assert failure.startswith("AssertionError: the compiled chain r=1 ran 2 kernels, not one"), failure
+
+
+def test_occupancy_rejects_a_register_file_not_split_in_sub_partitions(failures):
+    failure = last_line(failures, "register file not split in sub-partitions")
+    # the softmax at 46 registers would get 16 blocks of 4 warps: 64 warps x 1536 registers
+    assert failure.startswith("AssertionError: softmax_kernel on sm_"), failure
+    assert "blocks overfill the SM" in failure, failure
+
+
+def test_the_matmul_check_rejects_a_dropped_k_tile(failures):
+    last_line(failures, "matmul drops the last K tile")
+    stderr = failures["matmul drops the last K tile"][2]
+    assert "AssertionError: Tensor-likes are not close!" in stderr, stderr[-3000:]
+    assert "triton_matmul(a, b, descriptors)" in stderr, stderr[-3000:]

@@ -1,0 +1,955 @@
+"""
+Occupancy and the on-chip machinery
+===================================
+
+A tiled kernel is fast when the SM has enough work in flight to hide memory
+latency and when its on-chip traffic runs without stalls. We compile the
+course's Triton kernels for the A100 (sm_80) and the H100 (sm_90a), read
+their registers and shared memory, compute how many warps an SM can keep
+resident, count shared-memory bank conflicts, and find in the compiled code
+the swizzled layouts, tensor-core instructions and TMA loads that Triton
+generates for us.
+
+**Requirements.** The compiled figures need only Triton: its wheel carries
+``ptxas`` and ``nvdisasm``, so a CPU compiles for GPUs it does not have
+(labelled "compiled for H100 (sm_90a) on this machine, not executed"). On a CPU the kernels are checked in
+Triton's interpreter, and the latency-hiding plot is a model. The
+measurements (bandwidth against occupancy, a shared-memory transpose with and
+without padding, Nsight Compute) need a CUDA GPU, and the CUDA kernels need
+``nvcc``. On a T4 (compute capability 7.5, as on free Colab notebooks) it runs
+as on any CUDA GPU, but an SM there holds 32 warps instead of 64 and a block
+gets at most 64 KiB of shared memory, so the measured occupancies are lower;
+the compiled figures are still those of sm_80 and sm_90a.
+"""
+
+# %%
+# Setup
+# -----
+# On a CPU, ``TRITON_INTERPRET=1`` must be set before Triton is imported. The
+# interpreter replaces Triton's language functions when Triton is imported,
+# so the ahead-of-time compiles below run in a child process without it.
+
+import csv
+import inspect
+import itertools
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import torch
+from torch.utils import cpp_extension
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+try:
+    import triton
+    import triton.language as tl
+
+    TRITON_IMPORT_ERROR = None
+except ImportError as error:
+    TRITON_IMPORT_ERROR = error
+HAVE_TRITON = TRITON_IMPORT_ERROR is None
+
+torch.manual_seed(0)
+
+
+def cpu_model_name():
+    """The CPU's marketing name from /proc/cpuinfo (Linux), else from platform."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+if DEVICE == "cuda":
+    DEVICE_NAME = torch.cuda.get_device_name()
+    KERNEL_DTYPE = torch.float16
+    SOFTMAX_SHAPES = [(1823, 781), (4096, 8192)]
+    ATTENTION_SHAPES = [(2, 3, 193, 193, 64), (1, 4, 77, 1000, 128)]
+    MATMUL_SHAPES = [(257, 193, 320), (2048, 2048, 2048)]
+    TMA_SHAPES = [(255, 392, 520), (2048, 2048, 2048)]  # TMA needs 16-byte aligned strides
+else:
+    DEVICE_NAME = f"{cpu_model_name()} CPU, {torch.get_num_threads()} threads"
+    KERNEL_DTYPE = torch.float32
+    SOFTMAX_SHAPES = [(37, 781)]
+    ATTENTION_SHAPES = [(1, 2, 77, 93, 32)]
+    MATMUL_SHAPES = [(67, 45, 70)]
+    TMA_SHAPES = [(67, 44, 72)]  # strides of 44 and 72 floats are 16-byte aligned
+
+
+def skip_or_fail(section, capability, reason):
+    """Readers' runs skip a part whose tool is missing; the site's builds require it."""
+    if capability in os.environ.get("COURSE_REQUIRE", "").split(","):
+        raise RuntimeError(f"{section}: this build requires {capability}, but {reason}")
+    print(f"Skipped {section}: {capability} is missing ({reason}).")
+
+
+def triton_tool(name):
+    """A binary that ships in Triton's NVIDIA backend (ptxas, nvdisasm, cuobjdump), or None."""
+    if not HAVE_TRITON:
+        return None
+    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
+    return path if path.is_file() and os.access(path, os.X_OK) else None
+
+
+def ptxas_problem():
+    """Why Triton cannot compile for a GPU here, or None."""
+    if not HAVE_TRITON:
+        return f"import triton failed: {TRITON_IMPORT_ERROR}"
+    try:  # the ptxas Triton itself would run: TRITON_PTXAS_PATH, else its wheel's
+        ptxas = triton.knobs.nvidia.ptxas
+    except (AttributeError, RuntimeError) as error:
+        return f"Triton finds no ptxas that runs ({error})"
+    return None if ptxas.version else f"{ptxas.path} reports no version"
+
+
+PTXAS_PROBLEM = ptxas_problem()
+print(f"{DEVICE_NAME}: " + ("kernels compiled and timed on this GPU; " if DEVICE == "cuda" else
+                            "kernels checked in Triton's interpreter; ")
+      + ("sm_80 and sm_90a compiled ahead of time, not executed." if PTXAS_PROBLEM is None
+         else "no ahead-of-time compile."))
+
+# %%
+# Three kernels of the course
+# ---------------------------
+# A row softmax (lecture 6), the FlashAttention forward of
+# :ref:`sphx_glr_auto_examples_lecture05_gpus_06_flash_attention.py`
+# (without its causal branch), and a
+# tiled matrix multiplication, once with pointer arithmetic and once with
+# tensor descriptors (``tl.make_tensor_descriptor``), which Triton lowers to
+# TMA on Hopper. Each is checked against PyTorch on irregular shapes.
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def softmax_kernel(x_ptr, out_ptr, n_cols, stride_row, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * stride_row + cols, mask=cols < n_cols, other=float("-inf"))
+        x = x.to(tl.float32)
+        p = tl.exp(x - tl.max(x, axis=0))
+        out = p / tl.sum(p, axis=0)
+        tl.store(out_ptr + row * stride_row + cols, out.to(out_ptr.dtype.element_ty), mask=cols < n_cols)
+
+    @triton.jit
+    def flash_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, stride_head, stride_row_q, stride_row_k,
+                               n_queries, n_keys, qk_scale_log2,
+                               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        query_block = tl.program_id(0)
+        head = tl.program_id(1).to(tl.int64)
+        rows = query_block * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = tl.arange(0, HEAD_DIM)
+        q = tl.load(q_ptr + head * stride_head * n_queries + rows[:, None] * stride_row_q + cols[None, :],
+                    mask=rows[:, None] < n_queries, other=0.0)
+        running_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        running_sum = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        for start in range(0, n_keys, BLOCK_N):
+            keys = start + tl.arange(0, BLOCK_N)
+            kv_offsets = head * stride_head * n_keys + keys[:, None] * stride_row_k + cols[None, :]
+            k = tl.load(k_ptr + kv_offsets, mask=keys[:, None] < n_keys, other=0.0)
+            scores = tl.dot(q, tl.trans(k)) * qk_scale_log2
+            scores = tl.where(keys[None, :] < n_keys, scores, float("-inf"))
+            new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+            rescale = tl.exp2(running_max - new_max)
+            p = tl.exp2(scores - new_max[:, None])
+            running_sum = running_sum * rescale + tl.sum(p, axis=1)
+            v = tl.load(v_ptr + kv_offsets, mask=keys[:, None] < n_keys, other=0.0)
+            acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v)
+            running_max = new_max
+        out = acc / running_sum[:, None]
+        tl.store(out_ptr + head * stride_head * n_queries + rows[:, None] * stride_row_q + cols[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=rows[:, None] < n_queries)
+
+    @triton.jit
+    def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        inner = tl.arange(0, BLOCK_K)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k in range(0, K, BLOCK_K):
+            a = tl.load(a_ptr + rows[:, None] * K + (k + inner)[None, :],
+                        mask=(rows[:, None] < M) & ((k + inner)[None, :] < K), other=0.0)
+            b = tl.load(b_ptr + (k + inner)[:, None] * N + cols[None, :],
+                        mask=((k + inner)[:, None] < K) & (cols[None, :] < N), other=0.0)
+            acc = tl.dot(a, b, acc)
+        tl.store(c_ptr + rows[:, None] * N + cols[None, :], acc.to(c_ptr.dtype.element_ty),
+                 mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+    @triton.jit
+    def matmul_tma_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        # The descriptors know the shapes: out-of-range parts of a tile read as 0, are not stored
+        a_desc = tl.make_tensor_descriptor(a_ptr, [M, K], [K, 1], [BLOCK_M, BLOCK_K])
+        b_desc = tl.make_tensor_descriptor(b_ptr, [K, N], [N, 1], [BLOCK_K, BLOCK_N])
+        c_desc = tl.make_tensor_descriptor(c_ptr, [M, N], [N, 1], [BLOCK_M, BLOCK_N])
+        row, col = tl.program_id(0) * BLOCK_M, tl.program_id(1) * BLOCK_N
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k in range(0, K, BLOCK_K):
+            acc = tl.dot(a_desc.load([row, k]), b_desc.load([k, col]), acc)
+        c_desc.store([row, col], acc.to(c_ptr.dtype.element_ty))
+
+    def gpu_capability():
+        return torch.cuda.get_device_capability() if DEVICE == "cuda" else (0, 0)
+
+    def triton_softmax(x):
+        out = torch.empty_like(x)
+        block = triton.next_power_of_2(x.shape[1])
+        num_warps = 4 if block <= 2048 else 8 if block <= 8192 else 16
+        softmax_kernel[(x.shape[0],)](x, out, x.shape[1], x.stride(0), BLOCK=block, num_warps=num_warps)
+        return out
+
+    def triton_attention(q, k, v):
+        """Non-causal FlashAttention forward for (batch, heads, N, d) tensors."""
+        batch, heads, n_queries, head_dim = q.shape
+        q, k, v = (t.contiguous() for t in (q, k, v))
+        out = torch.empty_like(q)
+        block_m, block_n = (128, 64) if DEVICE == "cuda" else (16, 32)
+        if DEVICE == "cuda" and gpu_capability() < (8, 0) and head_dim > 64:
+            block_m = 64  # a block may have 64 KiB of shared memory before 8.0 (Table 31)
+        grid = (triton.cdiv(n_queries, block_m), batch * heads)
+        flash_attention_kernel[grid](q, k, v, out, head_dim, head_dim, head_dim, n_queries, k.shape[2],
+                                     head_dim ** -0.5 * math.log2(math.e), HEAD_DIM=head_dim,
+                                     BLOCK_M=block_m, BLOCK_N=block_n,
+                                     num_warps=4 if head_dim <= 64 else 8)
+        return out
+
+    def triton_matmul(a, b, descriptors=False):
+        (M, K), N = a.shape, b.shape[1]
+        c = torch.empty(M, N, dtype=a.dtype, device=a.device)
+        block_m, block_n, block_k = (128, 128, 64) if DEVICE == "cuda" else (32, 32, 32)
+        grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
+        if descriptors:
+            if DEVICE == "cuda" and gpu_capability() < (9, 0):
+                block_m, block_n = 64, 64  # fewer registers where TMA is emulated
+                grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
+            # Descriptors built inside a kernel live in a scratch buffer that Triton asks for
+            triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,
+                                                                         device=DEVICE))
+            matmul_tma_kernel[grid](a, b, c, M, N, K, BLOCK_M=block_m, BLOCK_N=block_n,
+                                    BLOCK_K=block_k, num_warps=4, num_stages=3)
+        else:
+            matmul_kernel[grid](a, b, c, M, N, K, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                                num_warps=4, num_stages=3)
+        return c
+
+
+def reference_tolerance(dtype):
+    return {"atol": 2e-3, "rtol": 2e-3} if dtype == torch.float16 else {"atol": 1e-5, "rtol": 1e-5}
+
+
+if HAVE_TRITON:
+    for rows, cols in SOFTMAX_SHAPES:
+        x = torch.randn(rows, cols, device=DEVICE, dtype=KERNEL_DTYPE) * 4
+        expected = torch.softmax(x.double(), dim=1).to(KERNEL_DTYPE)
+        torch.testing.assert_close(triton_softmax(x), expected, **reference_tolerance(KERNEL_DTYPE))
+    for b, h, n_q, n_k, d in ATTENTION_SHAPES:
+        q, k, v = (torch.randn(b, h, n, d, device=DEVICE, dtype=KERNEL_DTYPE) for n in (n_q, n_k, n_k))
+        expected = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double())
+        torch.testing.assert_close(triton_attention(q, k, v), expected.to(KERNEL_DTYPE),
+                                   atol=5e-3 if KERNEL_DTYPE == torch.float16 else 1e-5, rtol=5e-3)
+    for shapes, descriptors in ((MATMUL_SHAPES, False), (TMA_SHAPES, True)):
+        for M, K, N in shapes:
+            a = torch.randn(M, K, device=DEVICE, dtype=KERNEL_DTYPE)
+            b = torch.randn(K, N, device=DEVICE, dtype=KERNEL_DTYPE)
+            expected = (a.double() @ b.double()).to(KERNEL_DTYPE)
+            # float32 sums of K products of unit normals: error grows like sqrt(K)
+            torch.testing.assert_close(triton_matmul(a, b, descriptors), expected,
+                                       atol=K ** 0.5 * (2e-3 if KERNEL_DTYPE == torch.float16 else 1e-5),
+                                       rtol=2e-3)
+    how = "compiled" if DEVICE == "cuda" else "interpreted"
+    print(f"softmax, attention, matmul and the tensor-descriptor matmul, {how}, "
+          f"{str(KERNEL_DTYPE).removeprefix('torch.')}: match PyTorch on irregular shapes")
+else:
+    skip_or_fail("the kernel checks", "triton", f"import triton failed: {TRITON_IMPORT_ERROR}")
+
+# %%
+# Compiling for sm_80 and sm_90a without a GPU
+# --------------------------------------------
+# ``triton.compile(ASTSource(kernel, signature, constexprs, attrs),
+# target=GPUTarget("cuda", 90, 32))`` runs the whole pipeline: Triton's IRs,
+# PTX, and ``ptxas`` for the target. Its ``-v`` log gives registers per
+# thread and spilled bytes; the metadata gives shared memory per block.
+# Pointers and integers are specialised as divisible by 16, as Triton's
+# launcher specialises them for sizes such as 2048. The compiles run in a
+# child process that imports the kernels' source without the interpreter.
+
+KERNELS = {}
+if HAVE_TRITON:
+    KERNELS = {"softmax_kernel": softmax_kernel, "flash_attention_kernel": flash_attention_kernel,
+               "matmul_kernel": matmul_kernel, "matmul_tma_kernel": matmul_tma_kernel}
+ARGUMENT_TYPES = {  # what the launcher would pass: fp16 tensors, 32-bit integers, one float
+    "softmax_kernel": ["*fp16", "*fp16", "i32", "i32"],
+    "flash_attention_kernel": ["*fp16"] * 4 + ["i32"] * 5 + ["fp32"],
+    "matmul_kernel": ["*fp16"] * 3 + ["i32"] * 3,
+    "matmul_tma_kernel": ["*fp16"] * 3 + ["i32"] * 3,
+}
+# (kernel, constexprs, num_warps, num_stages, targets)
+COMPILE_CASES = (
+    [("softmax_kernel", {"BLOCK": block}, warps, 1, (80, 90))
+     for block, warps in ((1024, 4), (4096, 4), (16384, 4), (16384, 16))]
+    + [("flash_attention_kernel", {"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": 64}, warps, 3, (80, 90))
+       for d, bm, warps in ((64, 128, 4), (128, 64, 4), (128, 128, 8))]
+    + [("matmul_kernel", {"BLOCK_M": 128, "BLOCK_N": bn, "BLOCK_K": 64}, 4, 3, (80, 90))
+       for bn in (64, 128)]
+    + [("matmul_tma_kernel", {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64}, 4, 3, (90,))]
+)
+
+COMPILE_CHILD = r'''
+import contextlib, io, json, re, subprocess, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+sys.path.insert(0, sys.argv[1])
+import kernels_for_aot as kernels
+jobs, results = json.load(open(sys.argv[2])), []
+triton.knobs.nvidia.dump_ptxas_log = True
+for job in jobs:
+    kernel = getattr(kernels, job["kernel"])
+    names = kernel.arg_names
+    signature = dict(zip(names, job["types"] + ["constexpr"] * len(job["constexprs"])))
+    constexprs = {(names.index(n),): v for n, v in job["constexprs"].items()}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(job["types"]) if t != "fp32"}
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):
+        compiled = triton.compile(ASTSource(kernel, signature, constexprs, aligned),
+                                  target=GPUTarget("cuda", job["target"], 32),
+                                  options={"num_warps": job["num_warps"], "num_stages": job["num_stages"]})
+    text = log.getvalue()
+    sass = ""
+    if job["nvdisasm"]:
+        cubin = f"{sys.argv[1]}/{len(results)}.cubin"
+        open(cubin, "wb").write(compiled.asm["cubin"])
+        sass = subprocess.run([job["nvdisasm"], "-c", cubin], capture_output=True, text=True, check=True).stdout
+    results.append({**job, "registers": int(re.search(r"Used (\d+) registers", text)[1]),
+                    "spill_stores": int(re.search(r"(\d+) bytes spill stores", text)[1]),
+                    "shared": compiled.metadata.shared,
+                    "scratch": getattr(compiled.metadata, "global_scratch_size", 0),
+                    "ttgir": compiled.asm["ttgir"], "ptx": compiled.asm["ptx"], "sass": sass})
+json.dump(results, open(sys.argv[3], "w"))
+'''
+
+
+def compile_ahead_of_time(cases):
+    """Compile every case in one child process without TRITON_INTERPRET; its results as dicts."""
+    nvdisasm = triton_tool("nvdisasm")
+    with tempfile.TemporaryDirectory() as folder:
+        sources = [textwrap.dedent(inspect.getsource(KERNELS[name].fn)) for name in KERNELS]
+        Path(folder, "kernels_for_aot.py").write_text(
+            "import triton\nimport triton.language as tl\n\n\n" + "\n\n".join(sources))
+        jobs = [{"kernel": name, "types": ARGUMENT_TYPES[name], "constexprs": constexprs,
+                 "num_warps": warps, "num_stages": stages, "target": target,
+                 "nvdisasm": str(nvdisasm) if nvdisasm and name.startswith("matmul") else None}
+                for name, constexprs, warps, stages, targets in cases for target in targets]
+        Path(folder, "jobs.json").write_text(json.dumps(jobs))
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env["TRITON_CACHE_DIR"] = str(Path(folder, "cache"))  # every compile runs ptxas and logs
+        subprocess.run([sys.executable, "-c", COMPILE_CHILD, folder, f"{folder}/jobs.json",
+                        f"{folder}/results.json"], env=env, check=True)
+        return json.loads(Path(folder, "results.json").read_text())
+
+
+COMPILED = []
+if PTXAS_PROBLEM is None:
+    COMPILED = compile_ahead_of_time(COMPILE_CASES)
+else:
+    skip_or_fail("the ahead-of-time compiles", "triton", PTXAS_PROBLEM)
+
+# %%
+# Occupancy and what limits it
+# ----------------------------
+# An SM keeps a block resident until it finishes, so the number of resident
+# blocks is the smallest of four limits: resident warps, resident blocks,
+# registers and shared memory, each divided by what one block needs.
+# Registers are allocated per warp in units of 256 and shared memory per
+# block in units of 128 bytes, with 1 KiB per block reserved for the system.
+# The limits per SM (CUDA C++ Programming Guide, section 5.1.3, Tables 30
+# and 31, "Device and Streaming Multiprocessor (SM) Information per Compute
+# Capability" and "Memory Information per Compute Capability"; the
+# allocation units from the toolkit's ``cuda_occupancy.h``):
+#
+# ========================================  =========  =========
+# limit per SM                              8.0 A100   9.0 H100
+# ========================================  =========  =========
+# resident warps                            64         64
+# resident blocks                           32         32
+# 32-bit registers (also per block)         65,536     65,536
+# registers per thread                      255        255
+# shared memory                             164 KiB    228 KiB
+# shared memory per block (opt-in)          163 KiB    227 KiB
+# ========================================  =========  =========
+#
+# Occupancy is resident warps divided by the maximum. A thread may use only
+# ``65536 / (64 * 32) = 32`` registers for the SM to hold its full 64 warps.
+
+KIB = 1024
+SM_LIMITS = {  # CUDA C++ Programming Guide, Tables 30 and 31
+    80: {"gpu": "A100", "warps": 64, "blocks": 32, "registers": 64 * KIB, "shared": 164 * KIB,
+         "shared_per_block": 163 * KIB},
+    90: {"gpu": "H100", "warps": 64, "blocks": 32, "registers": 64 * KIB, "shared": 228 * KIB,
+         "shared_per_block": 227 * KIB},
+}
+REGISTER_UNIT, SUB_PARTITIONS, SHARED_UNIT, RESERVED_SHARED = 256, 4, 128, 1 * KIB  # cuda_occupancy.h
+
+
+def round_up(value, unit):
+    return -(-value // unit) * unit
+
+
+def round_down(value, unit):
+    return value // unit * unit
+
+
+def occupancy(target, num_warps, registers, shared):
+    """Resident blocks per SM under each limit, the binding one, and the occupancy."""
+    sm = SM_LIMITS[target]
+    registers_per_warp = round_up(max(registers, 1) * 32, REGISTER_UNIT)
+    warps_per_partition = sm["registers"] // SUB_PARTITIONS // registers_per_warp
+    shared_per_block = round_up(shared + RESERVED_SHARED, SHARED_UNIT)
+    limits = {"warps": sm["warps"] // num_warps, "blocks": sm["blocks"],
+              "registers": warps_per_partition * SUB_PARTITIONS // num_warps,
+              "shared memory": sm["shared"] // shared_per_block}
+    if shared > sm["shared_per_block"] or registers > 255:
+        limits["shared memory" if shared > sm["shared_per_block"] else "registers"] = 0
+    blocks = min(limits.values())
+    return {"limits": limits, "blocks": blocks, "warps": blocks * num_warps,
+            "occupancy": blocks * num_warps / sm["warps"], "limited_by": min(limits, key=limits.get)}
+
+
+def constexpr_text(constexprs):
+    return " ".join(f"{name.removeprefix('BLOCK_').replace('HEAD_DIM', 'd')}={value}"
+                    for name, value in constexprs.items())
+
+
+if COMPILED:
+    print("\nCompiled for H100 (sm_90a) / A100 (sm_80) on this machine, not executed (float16)")
+    print(f"{'kernel':<23} {'constexprs':<18} {'warps':>5} {'sm':>4} {'regs':>5} {'spill B':>7} "
+          f"{'smem KiB':>8} {'blocks':>6} {'warps/SM':>8} {'occup.':>6}  limited by")
+    for row in COMPILED:
+        row.update(occupancy(row["target"], row["num_warps"], row["registers"], row["shared"]))
+        print(f"{row['kernel']:<23} {constexpr_text(row['constexprs']):<18} {row['num_warps']:>5} "
+              f"{row['target']:>4} {row['registers']:>5} {row['spill_stores']:>7} "
+              f"{row['shared'] / KIB:>8.1f} {row['blocks']:>6} {row['warps']:>8} "
+              f"{row['occupancy']:>6.0%}  {row['limited_by']}")
+
+# %%
+# What the table must satisfy
+# ---------------------------
+# The checks below hold for any compiler version: each row is the formula
+# applied to what ``ptxas`` reported, a kernel with more than 32 registers
+# per thread cannot fill the SM, and at a fixed block shape occupancy never
+# rises as registers grow, falling in steps at the thresholds.
+
+for row in COMPILED:
+    sm = SM_LIMITS[row["target"]]
+    if row["warps"] != row["blocks"] * row["num_warps"] or row["warps"] > sm["warps"]:
+        raise AssertionError(f"{row['kernel']}: {row['warps']} warps from {row['blocks']} blocks")
+    registers_used = round_up(row["registers"] * 32, REGISTER_UNIT) * row["warps"]
+    shared_used = round_up(row["shared"] + RESERVED_SHARED, SHARED_UNIT) * row["blocks"]
+    if registers_used > sm["registers"] or shared_used > sm["shared"] or row["blocks"] > sm["blocks"]:
+        raise AssertionError(f"{row['kernel']} on sm_{row['target']}: {row['blocks']} blocks overfill the SM")
+    if row["registers"] > 32 and row["occupancy"] >= 1:
+        raise AssertionError(f"{row['kernel']}: {row['registers']} registers yet full occupancy")
+    if row["limits"][row["limited_by"]] != row["blocks"]:
+        raise AssertionError(f"{row['kernel']}: the named limit is not the binding one")
+REGISTER_STEPS = {}
+for warps in (4, 8):
+    curve = [occupancy(90, warps, registers, 0)["occupancy"] for registers in range(1, 256)]
+    if any(later > earlier for earlier, later in itertools.pairwise(curve)) or curve[31] < 1 or curve[32] >= 1:
+        raise AssertionError(f"occupancy against registers is not a falling staircase at {warps} warps")
+    REGISTER_STEPS[warps] = [r + 2 for r in range(254) if curve[r + 1] < curve[r]]
+if COMPILED:
+    print(f"{len(COMPILED)} compiles consistent with the limits; at 4 warps per block occupancy "
+          f"falls above {', '.join(str(r - 1) for r in REGISTER_STEPS[4][:6])}, ... registers")
+
+# %%
+# Occupancy against registers per thread
+# --------------------------------------
+# The staircase for sm_90a, with the compiled kernels placed on it.
+
+fig, ax = plt.subplots(figsize=(8, 4.5))
+for warps, style in ((4, "-"), (8, "--")):
+    ax.step(range(1, 256), [100 * occupancy(90, warps, r, 0)["occupancy"] for r in range(1, 256)],
+            style, where="post", color="tab:gray", label=f"limit from registers, {warps} warps/block")
+markers = {"softmax_kernel": "o", "flash_attention_kernel": "s", "matmul_kernel": "^",
+           "matmul_tma_kernel": "D"}
+for row in (r for r in COMPILED if r["target"] == 90):
+    ax.plot(row["registers"], 100 * row["occupancy"], markers[row["kernel"]], ms=8, alpha=0.7,
+            label=f"{row['kernel']} {constexpr_text(row['constexprs'])} w={row['num_warps']}"
+                  f" ({row['limited_by']})")
+ax.set_xlabel("registers per thread (from ptxas -v)")
+ax.set_ylabel("theoretical occupancy (% of 64 warps)")
+ax.set_title("Occupancy on sm_90a (H100): compiled on this machine, not executed"
+             f"\n{DEVICE_NAME}", fontsize=10)
+ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
+fig.tight_layout()
+
+# %%
+# Latency hiding: Little's law, and ILP instead of occupancy
+# ----------------------------------------------------------
+# To stream at bandwidth :math:`B` from memory with latency :math:`L`, the
+# SMs together must have :math:`B \cdot L` bytes of loads outstanding
+# (Little's law, lecture 5, section 1). Each warp that issues a 16-byte load
+# per lane has 512 bytes in flight; with :math:`k` independent loads per
+# thread before the first is used (instruction-level parallelism), it has
+# :math:`512k`. So the bandwidth a kernel reaches is about
+#
+# .. math:: \min\left(B,\ \frac{\text{SMs} \times \text{warps per SM} \times 512k}{L}\right),
+#
+# and :math:`k` multiplies occupancy: Volkov ("Better performance at lower
+# occupancy", GTC 2010) showed kernels that reach the peak at a fraction of
+# full occupancy by giving each thread more independent work. The model uses
+# the H200 figures of section 2 of the lecture (4.8 TB/s, 132 SMs, from
+# NVIDIA's datasheet and whitepaper) and the assumed latency of section 1.
+# It is a model, not a measurement.
+
+MODEL_BANDWIDTH, MODEL_SMS, MODEL_LATENCY = 4.8e12, 132, 500e-9  # H200 datasheet; assumed latency
+WARPS_AXIS = list(range(1, 65))
+
+
+def little_bandwidth(warps_per_sm, loads_in_flight, bandwidth=MODEL_BANDWIDTH, sms=MODEL_SMS,
+                     latency=MODEL_LATENCY):
+    return min(bandwidth, sms * warps_per_sm * 512 * loads_in_flight / latency)
+
+
+for ilp in (1, 4):
+    needed = next(w for w in WARPS_AXIS if little_bandwidth(w, ilp) >= MODEL_BANDWIDTH)
+    print(f"model: {ilp} load(s) of 16 B in flight per thread reach the peak at {needed} warps/SM "
+          f"({needed / 64:.0%} occupancy)")
+
+# %%
+# On a GPU we measure it: a grid-stride copy in CUDA whose blocks request
+# dynamic shared memory they do not use, so that fewer fit on an SM. The
+# CUDA runtime reports the resident blocks
+# (``cudaOccupancyMaxActiveBlocksPerMultiprocessor``). One version loads one
+# ``float4`` per thread per step, the other four before storing any.
+
+CUDA_SOURCE = r"""
+#include <cuda_runtime.h>
+#include <torch/extension.h>
+
+template <int ILP>
+__global__ void copy_kernel(const float4* __restrict__ src, float4* __restrict__ dst, long n) {
+    extern __shared__ float unused[];  // only its size matters: it limits resident blocks
+    long stride = (long)gridDim.x * blockDim.x;
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += ILP * stride) {
+        float4 v[ILP];
+#pragma unroll
+        for (int j = 0; j < ILP; ++j) if (i + j * stride < n) v[j] = src[i + j * stride];
+#pragma unroll
+        for (int j = 0; j < ILP; ++j) if (i + j * stride < n) dst[i + j * stride] = v[j];
+    }
+}
+
+template <int PAD>
+__global__ void transpose_kernel(const float* __restrict__ src, float* __restrict__ dst, int n) {
+    __shared__ float tile[32][32 + PAD];  // PAD = 1 moves each row one bank further
+    int x = blockIdx.x * 32 + threadIdx.x, y = blockIdx.y * 32 + threadIdx.y;
+    for (int j = 0; j < 32; j += 8) tile[threadIdx.y + j][threadIdx.x] = src[(long)(y + j) * n + x];
+    __syncthreads();
+    x = blockIdx.y * 32 + threadIdx.x, y = blockIdx.x * 32 + threadIdx.y;
+    for (int j = 0; j < 32; j += 8) dst[(long)(y + j) * n + x] = tile[threadIdx.x][threadIdx.y + j];
+}
+
+std::vector<int64_t> copy(torch::Tensor src, torch::Tensor dst, int64_t ilp, int64_t shared_bytes) {
+    auto kernel = ilp == 4 ? copy_kernel<4> : copy_kernel<1>;
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared_bytes);
+    int blocks_per_sm = 0, sms = 0, device = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, 256, shared_bytes);
+    cudaFuncAttributes attributes;
+    cudaFuncGetAttributes(&attributes, kernel);
+    long n = src.numel() / 4;
+    kernel<<<sms * blocks_per_sm, 256, shared_bytes>>>(
+        reinterpret_cast<const float4*>(src.data_ptr<float>()), reinterpret_cast<float4*>(dst.data_ptr<float>()), n);
+    TORCH_CHECK(cudaGetLastError() == cudaSuccess, "copy_kernel failed to launch");
+    return {blocks_per_sm, sms, attributes.numRegs};
+}
+
+void transpose(torch::Tensor src, torch::Tensor dst, bool padded) {
+    int n = src.size(0);
+    dim3 grid(n / 32, n / 32), block(32, 8);
+    if (padded) transpose_kernel<1><<<grid, block>>>(src.data_ptr<float>(), dst.data_ptr<float>(), n);
+    else transpose_kernel<0><<<grid, block>>>(src.data_ptr<float>(), dst.data_ptr<float>(), n);
+    TORCH_CHECK(cudaGetLastError() == cudaSuccess, "transpose_kernel failed to launch");
+}
+"""
+CPP_SOURCE = """
+std::vector<int64_t> copy(torch::Tensor src, torch::Tensor dst, int64_t ilp, int64_t shared_bytes);
+void transpose(torch::Tensor src, torch::Tensor dst, bool padded);
+"""
+
+
+def compile_problem(command, suffix, code):
+    """Why ``command`` cannot compile a one-line file of ``code``, or None if it can."""
+    with tempfile.TemporaryDirectory() as folder:
+        source = os.path.join(folder, "probe" + suffix)
+        Path(source).write_text(code)
+        try:
+            done = subprocess.run([*command, "-c", source, "-o", source + ".o"],
+                                  capture_output=True, text=True, check=False)
+        except OSError as error:  # on PATH but not runnable
+            return f"{command[0]} cannot be run ({error})"
+    if done.returncode != 0:
+        return f"{command[0]} fails on a one-line {suffix} file (exit {done.returncode})"
+    return None
+
+
+def nvcc_problem():
+    """Why the CUDA toolkit torch would use cannot build here, or None."""
+    if cpp_extension.CUDA_HOME is None:
+        return "no CUDA toolkit was found (CUDA_HOME, nvcc on PATH, /usr/local/cuda)"
+    nvcc = os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc")
+    if shutil.which(nvcc) is None:
+        return f"{nvcc} does not exist"
+    return compile_problem([nvcc], ".cu", "__global__ void probe() {}\n")
+
+
+def missing_toolchain():
+    """(capability, reason) for what load_inline lacks here, or None."""
+    compiler = cpp_extension.get_cxx_compiler()
+    if shutil.which(compiler) is None:
+        return "cxx", f"no C++ compiler {compiler!r} is on PATH"
+    if (problem := compile_problem([compiler], ".cpp", "int probe() { return 0; }\n")) is not None:
+        return "cxx", problem
+    if DEVICE == "cuda" and (problem := nvcc_problem()) is not None:
+        return "nvcc", problem
+    return None
+
+
+CUDA_EXTENSION = None
+MISSING_TOOLCHAIN = missing_toolchain()  # the C++ binding needs cxx on every machine
+if MISSING_TOOLCHAIN is not None:
+    skip_or_fail("the CUDA copy and transpose", *MISSING_TOOLCHAIN)
+elif DEVICE == "cuda":
+    CUDA_EXTENSION = cpp_extension.load_inline(
+        "occupancy_and_banks", cpp_sources=CPP_SOURCE, cuda_sources=CUDA_SOURCE,
+        functions=["copy", "transpose"], extra_cuda_cflags=["-O3"])
+
+
+def median_ms(fn):
+    return triton.testing.do_bench(fn, return_mode="median")
+
+
+bandwidth_rows = []
+if CUDA_EXTENSION is not None:
+    src = torch.randn(1 << 28, device="cuda")  # 1 GiB: far beyond L2
+    dst = torch.empty_like(src)
+    properties = torch.cuda.get_device_properties(0)
+    capability = properties.major * 10 + properties.minor
+    # Dynamic shared memory that leaves room for 8, 6, 4, 3, 2 or 1 blocks of 8 warps per SM
+    shared_sizes = sorted({min(properties.shared_memory_per_block_optin,
+                               round_down(properties.shared_memory_per_multiprocessor // blocks
+                                          - RESERVED_SHARED, SHARED_UNIT)) if blocks < 8 else 0
+                           for blocks in (8, 6, 4, 3, 2, 1)})
+    for ilp in (1, 4):
+        for shared_bytes in shared_sizes:
+            dst.zero_()
+            blocks_per_sm, sms, copy_registers = CUDA_EXTENSION.copy(src, dst, ilp, shared_bytes)
+            torch.testing.assert_close(dst, src, atol=0, rtol=0)
+            if capability in SM_LIMITS:  # the runtime's occupancy calculator against ours
+                predicted = occupancy(capability, 8, copy_registers, shared_bytes)["blocks"]
+                if blocks_per_sm > predicted or (shared_bytes == 0 and blocks_per_sm != predicted):
+                    raise AssertionError(f"CUDA runtime: {blocks_per_sm} blocks per SM, formula: "
+                                         f"{predicted} ({copy_registers} registers, {shared_bytes} B)")
+            ms = median_ms(lambda ilp=ilp, s=shared_bytes: CUDA_EXTENSION.copy(src, dst, ilp, s))
+            bandwidth_rows.append({"ilp": ilp, "warps_per_sm": blocks_per_sm * 8,
+                                   "GBps": 2 * src.numel() * 4 / ms / 1e6})
+    copy_GBps = 2 * src.numel() * 4 / median_ms(lambda: dst.copy_(src)) / 1e6
+    print(f"\n{'ILP':>3} {'warps/SM':>8} {'GB/s':>8} {'% of copy_':>10}")
+    for row in bandwidth_rows:
+        print(f"{row['ilp']:>3} {row['warps_per_sm']:>8} {row['GBps']:>8.0f} "
+              f"{100 * row['GBps'] / copy_GBps:>9.0f}%")
+
+fig, ax = plt.subplots(figsize=(8, 4.5))
+for ilp, color in ((1, "tab:blue"), (4, "tab:orange")):
+    ax.plot(WARPS_AXIS, [little_bandwidth(w, ilp) / 1e9 for w in WARPS_AXIS], "--", color=color,
+            label=f"model: {ilp} x 16 B in flight per thread, L = 500 ns (assumed)")
+    measured = [row for row in bandwidth_rows if row["ilp"] == ilp]
+    if measured:
+        ax.plot([r["warps_per_sm"] for r in measured], [r["GBps"] for r in measured], "o-",
+                color=color, label=f"measured: CUDA copy, ILP {ilp}")
+ax.set_xlabel("resident warps per SM (occupancy x 64)")
+ax.set_ylabel("bandwidth (GB/s)")
+kind = "measured, with the model" if bandwidth_rows else "model only, H200 figures"
+ax.set_title(f"Little's law: bandwidth against occupancy ({kind})\n{DEVICE_NAME}", fontsize=10)
+ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))
+fig.tight_layout()
+
+# %%
+# Shared-memory banks
+# -------------------
+# Shared memory is split into 32 banks of 4-byte words; word ``w`` lives in
+# bank ``w mod 32``, and a bank serves one word per cycle (CUDA C++
+# Programming Guide, "Shared Memory" in the compute capability 5.x and later
+# sections). When several lanes of a warp touch different words of one bank,
+# the access is replayed: an *n-way* conflict costs *n* passes. For a 32 x 32
+# fp32 tile ``tile[row][col]``, lane ``i`` reading row 0 touches word ``i``;
+# reading column 0 it touches word ``32 i``, always bank 0. One word of
+# padding per row (a 33-wide tile) moves column ``i`` to word ``33 i``, bank
+# ``i``.
+
+
+def banks_hit(words):
+    return [word % 32 for word in words]
+
+
+def conflict_ways(words):
+    """Passes a warp's access needs: the most distinct words that share one bank."""
+    per_bank = {}
+    for word in set(words):
+        per_bank.setdefault(word % 32, set()).add(word)
+    return max(len(w) for w in per_bank.values())
+
+
+LANES = range(32)
+ACCESSES = {"row of tile[32][32]": [0 * 32 + lane for lane in LANES],
+            "column of tile[32][32]": [lane * 32 + 0 for lane in LANES],
+            "column of tile[32][33]": [lane * 33 + 0 for lane in LANES]}
+WAYS = {name: conflict_ways(words) for name, words in ACCESSES.items()}
+for name, ways in WAYS.items():
+    print(f"{name:<24} banks {banks_hit(ACCESSES[name])[:6]} ...  {ways}-way")
+if list(WAYS.values()) != [1, 32, 1]:
+    raise AssertionError(f"bank conflicts {WAYS}, expected row 1-way, column 32-way, padded 1-way")
+# A column of a tile s words wide: lane i reads word s * i, so gcd(s, 32) lanes share each bank
+STRIDE_WAYS = {stride: conflict_ways([lane * stride for lane in LANES]) for stride in range(1, 129)}
+if any(ways != math.gcd(stride, 32) for stride, ways in STRIDE_WAYS.items()):
+    raise AssertionError("a column read of a tile s words wide is not gcd(s, 32)-way")
+print("column of a tile s words wide: " + ", ".join(f"s={s} {STRIDE_WAYS[s]}-way" for s in (32, 33, 34, 48, 64))
+      + "; always gcd(s, 32)")
+
+fig, axes = plt.subplots(1, 3, figsize=(10, 3.6), sharey=True)
+for ax, (name, words) in zip(axes, ACCESSES.items()):
+    grid = torch.zeros(32, 32)
+    for lane, bank in enumerate(banks_hit(words)):
+        grid[lane, bank] = 1
+    ax.imshow(grid, cmap="Blues", aspect="equal")
+    ax.set_title(f"{name}\n{WAYS[name]}-way", fontsize=9)
+    ax.set_xlabel("bank")
+axes[0].set_ylabel("lane of the warp")
+fig.suptitle("Which bank each lane reads (computed, 4-byte banks)", fontsize=10)
+fig.tight_layout()
+
+# %%
+# On a GPU, the transpose that reads the tile by column runs with and
+# without the padding; both outputs are checked.
+
+transpose_ms = {}
+if CUDA_EXTENSION is not None:
+    square = torch.randn(8192, 8192, device="cuda")
+    for padded in (False, True):
+        out = torch.empty_like(square)
+        CUDA_EXTENSION.transpose(square, out, padded)
+        torch.testing.assert_close(out, square.t(), atol=0, rtol=0)
+        transpose_ms[padded] = median_ms(lambda p=padded, o=out: CUDA_EXTENSION.transpose(square, o, p))
+    for padded, ms in transpose_ms.items():
+        print(f"transpose 8192^2 fp32, {'padded 33' if padded else 'unpadded 32'}: {ms:.3f} ms, "
+              f"{2 * square.numel() * 4 / ms / 1e6:.0f} GB/s")
+
+# %%
+# Triton swizzles for you
+# -----------------------
+# Triton never pads: it *swizzles*, XOR-ing the column of each row with a
+# function of the row, so that rows and columns both spread over the banks
+# without wasting a word. The shared layouts appear as ``#shared``
+# attributes in the TTGIR of the matmul: ``swizzled_shared`` (vector, phase)
+# on sm_80, ``nvmma_shared`` with a 128-byte swizzle on sm_90a, the layout
+# that ``wgmma`` and TMA read.
+
+SHARED_LAYOUTS = {}
+for row in (r for r in COMPILED if r["kernel"] == "matmul_kernel" and r["constexprs"]["BLOCK_N"] == 128):
+    SHARED_LAYOUTS[row["target"]] = [line for line in row["ttgir"].splitlines() if line.startswith("#shared")]
+    print(f"sm_{row['target']} TTGIR:", *SHARED_LAYOUTS[row["target"]], sep="\n  ")
+    if not SHARED_LAYOUTS[row["target"]] or "swizzl" not in " ".join(SHARED_LAYOUTS[row["target"]]):
+        raise AssertionError(f"no swizzled #shared layout in the sm_{row['target']} TTGIR")
+
+# %%
+# Tensor cores and TMA in the compiled code
+# -----------------------------------------
+# The same ``tl.dot`` becomes ``mma.sync`` (SASS ``HMMA``) on sm_80: each
+# warp multiplies small tiles from registers. On sm_90a it becomes
+# ``wgmma.mma_async`` (``HGMMA``): a warpgroup of four warps issues one
+# asynchronous product that reads its operands from shared memory, and
+# waits for it later. The tensor-descriptor version adds TMA:
+# ``cp.async.bulk.tensor`` (``UTMALDG``), one thread asking the copy engine
+# for a whole tile, completion signalled on an mbarrier in shared memory.
+
+
+def count(pattern, text):
+    return len(re.findall(pattern, text))
+
+
+INSTRUCTIONS = {}
+for row in (r for r in COMPILED if r["kernel"].startswith("matmul") and r["constexprs"]["BLOCK_N"] == 128):
+    key = f"{row['kernel']} sm_{row['target']}"
+    INSTRUCTIONS[key] = {"mma.sync": count(r"mma\.sync", row["ptx"]), "wgmma": count(r"wgmma\.mma_async", row["ptx"]),
+                         "cp.async.bulk.tensor": count(r"cp\.async\.bulk\.tensor", row["ptx"]),
+                         "mbarrier": count(r"mbarrier\.", row["ptx"]), "HMMA": count(r"\bHMMA\b", row["sass"]),
+                         "HGMMA": count(r"\bHGMMA\b", row["sass"]), "UTMALDG": count(r"\bUTMALDG\b", row["sass"])}
+    print(f"{key:<26} " + "  ".join(f"{name} {n}" for name, n in INSTRUCTIONS[key].items())
+          + (f"  global scratch {row['scratch']} B (needs triton.set_allocator)" if row["scratch"] else ""))
+if COMPILED:
+    expected = {"matmul_kernel sm_80": "mma.sync", "matmul_kernel sm_90": "wgmma",
+                "matmul_tma_kernel sm_90": "cp.async.bulk.tensor"}
+    for key, instruction in expected.items():
+        if not INSTRUCTIONS[key][instruction]:
+            raise AssertionError(f"no {instruction} in the PTX of {key}")
+    if INSTRUCTIONS["matmul_kernel sm_80"]["wgmma"]:
+        raise AssertionError("wgmma in sm_80 code: it exists from sm_90a on")
+    if triton_tool("nvdisasm") and not (INSTRUCTIONS["matmul_kernel sm_80"]["HMMA"]
+                                        and INSTRUCTIONS["matmul_tma_kernel sm_90"]["UTMALDG"]):
+        raise AssertionError("the SASS lacks HMMA on sm_80 or UTMALDG on sm_90a")
+    sass = next(r["sass"] for r in COMPILED if r["kernel"] == "matmul_tma_kernel")
+    print("sm_90a SASS lines of the TMA matmul:",
+          *[line.strip() for line in sass.splitlines() if re.search(r"UTMALDG|HGMMA|SYNCS", line)][:4],
+          sep="\n  ")
+
+# %%
+# Beyond what Triton 3.6 writes for you
+# -------------------------------------
+# FlashAttention-3 (Shah et al. 2024, arXiv:2407.08608) uses this machinery
+# by hand. *Warp specialisation*: one warpgroup only issues TMA loads into a
+# ring of shared-memory buffers (the producer); the others only run
+# ``wgmma`` and the softmax (the consumers). *mbarriers* in shared memory
+# hand each buffer over: TMA arrives on "full" with the byte count it
+# delivered, consumers arrive on "empty" when they are done reading. The
+# *exponential bottleneck*: the SFU that computes ``exp2`` has a small
+# fraction of the tensor cores' throughput (the paper's Section 3), so for
+# head dimension 128 the exponentials alone would take a large share of the
+# time of the matmuls. FlashAttention-3 ping-pongs two consumer warpgroups,
+# one doing its softmax while the other's ``wgmma`` runs, and pipelines the
+# softmax of one block with the products of the next inside each warpgroup.
+# Triton has experimental warp specialisation (``tl.range(...,
+# warp_specialize=True)``) on newer GPUs; this page shows only what it
+# compiles by default.
+#
+# Hardware-level profiling
+# ------------------------
+# Occupancy above is *theoretical*. Nsight Compute (``ncu``) measures what a
+# launch achieved: ``dram__bytes_read.sum`` and ``dram__bytes_write.sum``
+# (DRAM bytes, to compare with the byte model), and
+# ``sm__warps_active.avg.pct_of_peak_sustained_active`` (achieved
+# occupancy), among hundreds of counters. Where ``ncu`` is on the ``PATH`` of
+# a GPU machine we run it in a child process on one ``copy_`` of 256 MiB,
+# whose bytes the model knows exactly, and check the DRAM counters against
+# the model. Elsewhere the example says what ``ncu`` would report, and
+# ``torch.profiler`` shows the kernels and their times, not counters.
+
+NCU_METRICS = ["dram__bytes_read.sum", "dram__bytes_write.sum",
+               "sm__warps_active.avg.pct_of_peak_sustained_active"]
+NCU_ELEMENTS = 1 << 26  # 256 MiB of float32: far beyond L2, so every byte crosses DRAM
+NCU_MODEL_BYTES = NCU_ELEMENTS * 4  # read once and written once
+# The source comes from the host (a copy, not a kernel), so the copy_ is the only kernel
+NCU_SCRIPT = f"""
+import torch
+src = torch.ones({NCU_ELEMENTS}).cuda()
+dst = torch.empty_like(src)
+dst.copy_(src)
+torch.cuda.synchronize()
+"""
+
+
+def ncu_metrics(stdout):
+    """{metric: value} from ``ncu --csv --print-units base``, for the values in bytes or %."""
+    lines = stdout[stdout.find('"ID"'):].splitlines() if '"ID"' in stdout else []
+    values = {}
+    for record in csv.DictReader(lines):
+        name, unit = record.get("Metric Name"), record.get("Metric Unit")
+        if name in NCU_METRICS and unit in ("byte", "%"):
+            values[name] = float(record["Metric Value"].replace(",", ""))
+    return values
+
+
+if DEVICE == "cuda" and shutil.which("ncu"):
+    profiled = subprocess.run(["ncu", "--metrics", ",".join(NCU_METRICS), "--csv", "--print-units", "base",
+                               sys.executable, "-c", NCU_SCRIPT],
+                              check=False, capture_output=True, text=True, timeout=300)
+    measured = ncu_metrics(profiled.stdout)
+    print(f"ncu on a copy of {NCU_MODEL_BYTES / 2**20:.0f} MiB (byte model: "
+          f"{NCU_MODEL_BYTES / 2**20:.0f} MiB read, {NCU_MODEL_BYTES / 2**20:.0f} MiB written):")
+    for name in NCU_METRICS:
+        if name in measured:
+            value = measured[name]
+            print(f"  {name}: " + (f"{value / 2**20:.1f} MiB" if name.startswith("dram") else f"{value:.0f} %"))
+    if all(name in measured for name in NCU_METRICS[:2]):
+        for name in NCU_METRICS[:2]:
+            if not 0.95 <= measured[name] / NCU_MODEL_BYTES <= 1.1:
+                raise AssertionError(f"ncu: {name} = {measured[name]:.0f} B against {NCU_MODEL_BYTES} in the model")
+    else:
+        print("ncu ran but reported no counters (they may need admin rights):",
+              (profiled.stderr or profiled.stdout)[-300:])
+else:
+    print(f"No ncu here ({'it is not on PATH' if DEVICE == 'cuda' else 'it needs an NVIDIA GPU'}). "
+          f"Where it runs, ncu --metrics {','.join(NCU_METRICS)} "
+          f"would report for a copy of {NCU_MODEL_BYTES / 2**20:.0f} MiB about "
+          f"{NCU_MODEL_BYTES / 2**20:.0f} MiB read and {NCU_MODEL_BYTES / 2**20:.0f} MiB written "
+          "(the byte model), and the achieved occupancy, at most the theoretical one. "
+          "torch.profiler shows kernels and times, not counters:")
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.randn(512, 1024, device=DEVICE)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE == "cuda" else [])
+    with profile(activities=activities) as prof:
+        torch.softmax(x, dim=1)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=4))
+
+# %%
+# Read the result
+# ---------------
+# **Occupancy.** The table shows the register file, not the warp slots, as
+# the usual limit of the course's tiled kernels: FlashAttention and the
+# matmul keep their accumulators in registers and reach a fraction of full
+# occupancy, named in the last column, while the softmax starts at full
+# occupancy and loses it as its row, held in registers, grows. Low occupancy is not
+# by itself slow: these kernels hide latency with large tiles,
+# multi-stage pipelines (``num_stages``) and asynchronous copies instead of
+# with more warps, which is Volkov's point and the second figure's model.
+#
+# **Banks.** A column read of an unpadded tile serialises 32 ways; padding or
+# swizzling removes the conflict, and Triton chooses a swizzle for every
+# shared buffer it allocates (the TTGIR lines above).
+#
+# **Hopper.** The same Triton source compiles to synchronous warp-level
+# ``mma.sync`` on the A100 and asynchronous warpgroup ``wgmma`` on the H100,
+# and with tensor descriptors to TMA copies tracked by mbarriers.
+#
+# On a CPU everything but the bandwidth, transpose and ``ncu`` figures is
+# real compiler output for the two GPUs, and none of it ran on them.
+
+KEY_FIGURES = {"device": DEVICE_NAME}
+for row in COMPILED:
+    if row["kernel"] == "flash_attention_kernel" and row["constexprs"]["HEAD_DIM"] == 128:
+        name = f"flash_attention_d128_m{row['constexprs']['BLOCK_M']}_sm{row['target']}"
+        KEY_FIGURES[f"{name}_registers"] = row["registers"]
+        KEY_FIGURES[f"{name}_occupancy"] = row["occupancy"]
+for row in bandwidth_rows:
+    KEY_FIGURES[f"copy_GBps_ilp{row['ilp']}_warps{row['warps_per_sm']}"] = row["GBps"]
+if transpose_ms:
+    KEY_FIGURES["transpose_unpadded_over_padded_time"] = transpose_ms[False] / transpose_ms[True]
+
+# The Triton calls of the CUDA branch, for the course's ahead-of-time compile check
+GPU_LAUNCHES = (
+    [("triton_softmax", [((rows, cols), KERNEL_DTYPE)], {}) for rows, cols in SOFTMAX_SHAPES]
+    + [("triton_attention", [((b, h, n_q, d), KERNEL_DTYPE)] + [((b, h, n_k, d), KERNEL_DTYPE)] * 2, {})
+       for b, h, n_q, n_k, d in ATTENTION_SHAPES]
+    + [("triton_matmul", [((M, K), KERNEL_DTYPE), ((K, N), KERNEL_DTYPE)], {}) for M, K, N in MATMUL_SHAPES]
+    + [("triton_matmul", [((M, K), KERNEL_DTYPE), ((K, N), KERNEL_DTYPE)], {"descriptors": True})
+       for M, K, N in TMA_SHAPES]
+)
