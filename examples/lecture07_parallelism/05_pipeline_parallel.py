@@ -1,0 +1,490 @@
+"""
+Pipeline parallel: GPipe, 1F1B and the bubble
+=============================================
+
+A model too deep for one GPU can be cut into consecutive *stages*, one per
+rank, with activations sent forward and gradients sent back. We run the GPipe
+and 1F1B schedules of ``torch.distributed.pipelining`` on a stack of linear
+layers, check them against the unsplit model, draw their timelines, and
+measure the idle time at the start and end of each step (the *bubble*) as the
+number of micro-batches grows.
+
+**Requirements.** On a CPU: gloo on loopback, 2 stages for the timings (one
+core each) and 4 stages for the exact checks. On a single GPU (T4 on Colab
+included): the same, gloo on CPU ranks. With 4 or more CPU cores the timings
+use 4 stages. The times describe ranks on this machine's cores talking over
+loopback, not GPUs over NVLink.
+"""
+
+# %%
+# Starting the ranks
+# ------------------
+# Each example of this lecture forks its ranks with the same small launcher:
+# a file store for the rendezvous (no port), a timeout on the process group,
+# and a rank's exception or death fails the example with its traceback.
+
+import datetime
+import os
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def run_ranks(worker, world_size, *args, timeout_s=60):
+    """Run ``worker(rank, world_size, *args)`` in ``world_size`` forked processes.
+
+    Returns the list of the ranks' return values. A rank that raises fails the
+    call with its traceback; ranks that have not finished after ``timeout_s`` are
+    killed and a TimeoutError is raised, so the example can never hang.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        # Fork, not spawn: a sphinx-gallery script is not an importable module.
+        ranks = mp.start_processes(_rank_main, args=(world_size, tmp, worker, args, timeout_s),
+                                   nprocs=world_size, join=False, start_method="fork")
+        deadline = time.monotonic() + timeout_s
+        while not ranks.join(timeout=0.2):
+            if time.monotonic() > deadline:
+                for process in ranks.processes:
+                    process.kill()
+                raise TimeoutError(f"{worker.__name__}: ranks still running after {timeout_s} s")
+        return [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(world_size)]
+
+
+def _rank_main(rank, world_size, tmp, worker, args, timeout_s):
+    torch.set_num_threads(1)  # one core per rank: the ranks share the machine
+    # A file store needs no port, so nothing is left listening afterwards.
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank,
+                            world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        torch.save(worker(rank, world_size, *args), os.path.join(tmp, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+# %%
+# Setup
+# -----
+# The model is a stack of square linear layers with a GeLU between them; a
+# stage is a run of consecutive layers. One micro-batch's forward through one
+# stage is a few milliseconds of matmuls, so the schedule, not the overheads of
+# sending 100 kB between processes, decides the step time.
+
+import copy
+import platform
+import statistics
+
+import matplotlib.pyplot as plt
+from matplotlib.patches import Patch
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+
+def skip_or_fail(section, capability, reason):
+    """Readers' runs skip a part whose tool is missing; the site's builds require it."""
+    if capability in os.environ.get("COURSE_REQUIRE", "").split(","):
+        raise RuntimeError(f"{section}: this build requires {capability}, but {reason}")
+    print(f"Skipped {section}: {reason}.")
+
+
+if not dist.is_available():
+    CAN_RUN_RANKS, WHY_NOT = False, "torch.distributed is not available in this PyTorch build"
+elif "fork" not in mp.get_all_start_methods():
+    CAN_RUN_RANKS, WHY_NOT = False, f"processes cannot be forked on {sys.platform}"
+else:
+    CAN_RUN_RANKS, WHY_NOT = True, ""
+
+CORES = os.cpu_count() or 1
+TIMING_STAGES = 4 if CORES >= 4 else 2  # one core per busy rank, or the timings lie
+CHECK_STAGES = 4
+WIDTH = 512  # features per layer
+LAYERS_PER_STAGE = 6
+MICROBATCH_ROWS = 64
+MICROBATCH_COUNTS = [1, 2, 4, 8, 16]
+TIMED_STEPS = 3
+SCHEDULES = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}
+DEVICE_NAME = f"{platform.machine()} CPU, {CORES} cores"
+torch.manual_seed(0)
+print(f"backend: gloo on CPU ranks (loopback)   stages: {TIMING_STAGES} timed, {CHECK_STAGES} checked"
+      f"   device: {DEVICE_NAME}")
+
+
+def layer_stack(layers, width, dtype):
+    """``layers`` linear layers with a GeLU after each: the model we cut into stages."""
+    blocks = []
+    for _ in range(layers):
+        blocks += [nn.Linear(width, width, dtype=dtype), nn.GELU()]
+    return nn.Sequential(*blocks)
+
+
+def stage_slice(model, stage, stages):
+    """The consecutive layers of ``model`` that rank ``stage`` holds (a copy)."""
+    per_stage = len(model) // stages
+    return copy.deepcopy(model[stage * per_stage:(stage + 1) * per_stage])
+
+
+class TimedStage(PipelineStage):
+    """A pipeline stage that records when each micro-batch's forward and backward ran."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.events = []  # (kind, micro-batch, start, end, seconds on a core)
+
+    def _timed(self, kind, chunk, run):
+        start, start_on_core = time.perf_counter(), time.thread_time()
+        output = run()
+        self.events.append((kind, chunk, start, time.perf_counter(),
+                            time.thread_time() - start_on_core))
+        return output
+
+    def forward_one_chunk(self, chunk, *args, **kwargs):
+        return self._timed("F", chunk, lambda: super(TimedStage, self).forward_one_chunk(
+            chunk, *args, **kwargs))
+
+    def backward_one_chunk(self, chunk, *args, **kwargs):
+        return self._timed("B", chunk, lambda: super(TimedStage, self).backward_one_chunk(
+            chunk, *args, **kwargs))
+
+
+def make_schedule(rank, stages, module, schedule_name, microbatches):
+    """Stage ``rank`` of ``stages`` holding ``module``, and the schedule that drives it."""
+    stage = TimedStage(module, rank, stages, torch.device("cpu"))
+    return stage, SCHEDULES[schedule_name](stage, microbatches, loss_fn=nn.functional.mse_loss)
+
+
+def train_step(rank, stages, stage, schedule, inputs, targets):
+    """One step: the first stage feeds the inputs, the last compares with the targets.
+
+    Returns this step's (kind, micro-batch, start, end, seconds on a core) events and, on the last
+    stage, the micro-batches' losses.
+    """
+    stage.events = []
+    losses = []
+    if rank == 0:
+        schedule.step(inputs)
+    elif rank == stages - 1:
+        schedule.step(target=targets, losses=losses)
+    else:
+        schedule.step()
+    return stage.events, [loss.item() for loss in losses]
+
+
+# %%
+# Predict: the bubble
+# -------------------
+# With :math:`p` stages and the batch cut into :math:`m` micro-batches, the
+# last stage cannot start before the first micro-batch has crossed the other
+# :math:`p-1` stages, and the first stage has nothing to do while the last
+# backward comes back. If every stage takes the same time per micro-batch,
+# each rank is idle for :math:`p-1` of the :math:`m+p-1` slots of a step
+# (GPipe, Huang et al. 2019). 1F1B (PipeDream-Flush, Narayanan et al. 2021)
+# reorders the same work, a backward as soon as one is possible, so its bubble
+# is the same; what it saves is memory, as the last section counts.
+
+
+def predicted_bubble(stages, microbatches):
+    return (stages - 1) / (microbatches + stages - 1)
+
+
+print(f"predicted bubble, p = {TIMING_STAGES}:  "
+      + "  ".join(f"m={m}: {predicted_bubble(TIMING_STAGES, m):.3f}" for m in MICROBATCH_COUNTS))
+
+
+# %%
+# Check: the pipeline computes what the unsplit model computes
+# -------------------------------------------------------------
+# Four stages of two layers each, on an awkward width, in float64. Each rank
+# runs one step of both schedules and one SGD update on its own layers; the
+# parent compares the losses, gradients and updated weights with one process
+# running the whole model on the whole batch. The schedules average the
+# micro-batches' gradients (``scale_grads=True``), so the two should agree to
+# rounding.
+
+CHECK_WIDTH, CHECK_ROWS_PER_MICROBATCH, CHECK_MICROBATCHES = 37, 5, 8
+LEARNING_RATE = 0.1
+
+
+def check_worker(rank, stages, model, inputs, targets, microbatches):
+    results = {}
+    for schedule_name in SCHEDULES:
+        module = stage_slice(model, rank, stages)
+        stage, schedule = make_schedule(rank, stages, module, schedule_name, microbatches)
+        events, losses = train_step(rank, stages, stage, schedule, inputs, targets)
+        grads = [p.grad.clone() for p in module.parameters()]
+        with torch.no_grad():
+            for p in module.parameters():
+                p -= LEARNING_RATE * p.grad
+        results[schedule_name] = {"events": events, "losses": losses, "grads": grads,
+                                  "weights": [p.detach().clone() for p in module.parameters()]}
+    return results
+
+
+def reference_step(model, inputs, targets):
+    """The unsplit model on the whole batch: loss, gradients and updated weights."""
+    model = copy.deepcopy(model)
+    loss = nn.functional.mse_loss(model(inputs), targets)
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= LEARNING_RATE * p.grad
+    return loss.item(), grads, [p.detach().clone() for p in model.parameters()]
+
+
+def assert_matches(name, got, want):
+    """float64 agreement to rounding, with the tolerance scaled to the tensor's size."""
+    scale = want.abs().max().item()
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12 * scale, msg=lambda m: f"{name}: {m}")
+
+
+if CAN_RUN_RANKS:
+    check_model = layer_stack(2 * CHECK_STAGES, CHECK_WIDTH, torch.float64)
+    check_inputs = torch.randn(CHECK_ROWS_PER_MICROBATCH * CHECK_MICROBATCHES, CHECK_WIDTH,
+                               dtype=torch.float64)
+    check_targets = torch.randn_like(check_inputs)
+    check_results = run_ranks(check_worker, CHECK_STAGES, check_model, check_inputs,
+                              check_targets, CHECK_MICROBATCHES)
+    want_loss, want_grads, want_weights = reference_step(check_model, check_inputs, check_targets)
+    for schedule_name in SCHEDULES:
+        per_rank = [result[schedule_name] for result in check_results]
+        pipeline_loss = statistics.fmean(per_rank[-1]["losses"])  # equal micro-batches
+        got_grads = [g for result in per_rank for g in result["grads"]]
+        got_weights = [w for result in per_rank for w in result["weights"]]
+        assert len(got_grads) == len(want_grads)
+        assert abs(pipeline_loss - want_loss) <= 1e-12 * abs(want_loss), (pipeline_loss, want_loss)
+        for i, (got, want) in enumerate(zip(got_grads, want_grads)):
+            assert_matches(f"{schedule_name} gradient {i}", got, want)
+        for i, (got, want) in enumerate(zip(got_weights, want_weights)):
+            assert_matches(f"{schedule_name} weight {i}", got, want)
+        worst = max(((g - w).abs().max() / w.abs().max()).item()
+                    for g, w in zip(got_grads, want_grads))
+        print(f"{schedule_name:5s} {CHECK_STAGES} stages x {CHECK_MICROBATCHES} micro-batches: "
+              f"loss {pipeline_loss:.12f} (unsplit {want_loss:.12f}), "
+              f"worst gradient difference {worst:.1e} of its largest entry")
+else:
+    skip_or_fail("the pipeline examples", "distributed", WHY_NOT)
+
+
+# %%
+# Measure: the two schedules' timelines
+# -------------------------------------
+# Now the float32 stack that keeps each rank busy for milliseconds per
+# micro-batch. For every schedule and micro-batch count each rank runs one
+# warm-up step and then a few timed steps, recording when each forward (F) and
+# backward (B) started and ended. ``time.perf_counter`` reads the same
+# monotonic clock in every process on Linux, so the ranks' bars share one axis.
+# The micro-batch size is fixed: a larger :math:`m` is a larger batch, and the
+# work per micro-batch stays the same.
+
+
+def microbatch_counts(schedule_name, stages):
+    """torch's 1F1B needs at least one micro-batch per stage; GPipe runs any count."""
+    return [m for m in MICROBATCH_COUNTS if schedule_name == "GPipe" or m >= stages]
+
+
+def timing_worker(rank, stages, model):
+    torch.manual_seed(1 + rank)
+    module = stage_slice(model, rank, stages)
+    steps = {}
+    for schedule_name in SCHEDULES:
+        for microbatches in microbatch_counts(schedule_name, stages):
+            inputs = torch.randn(MICROBATCH_ROWS * microbatches, WIDTH)
+            targets = torch.randn_like(inputs)
+            stage, schedule = make_schedule(rank, stages, module, schedule_name, microbatches)
+            timed = []
+            for _ in range(1 + TIMED_STEPS):  # the first step also sets the stage up
+                dist.barrier()  # all ranks start the step together
+                events, _ = train_step(rank, stages, stage, schedule, inputs, targets)
+                module.zero_grad()
+                timed.append(events)
+            steps[schedule_name, microbatches] = timed[1:]
+    return steps
+
+
+def step_of(timing_results, schedule_name, microbatches, index):
+    """The ranks' events of one timed step."""
+    return [result[schedule_name, microbatches][index] for result in timing_results]
+
+
+def makespan(step):
+    """Seconds from the first event's start on any rank to the last event's end."""
+    starts = [start for events in step for _, _, start, _, _ in events]
+    ends = [end for events in step for _, _, _, end, _ in events]
+    return max(ends) - min(starts)
+
+
+def least_disturbed_step(timing_results, schedule_name, microbatches):
+    """The shortest of the timed steps: other processes on the machine slowed it least."""
+    return min((step_of(timing_results, schedule_name, microbatches, i) for i in range(TIMED_STEPS)),
+               key=makespan)
+
+
+def draw_timeline(ax, ranks_events, title):
+    """One row of F and B bars per rank, in ms from the step's first event."""
+    origin = min(start for events in ranks_events for _, _, start, _, _ in events)
+    colours = {"F": "tab:blue", "B": "tab:orange"}
+    for rank, events in enumerate(ranks_events):
+        for kind, chunk, start, end, _ in events:
+            left, width = 1e3 * (start - origin), 1e3 * (end - start)
+            ax.broken_barh([(left, width)], (rank - 0.4, 0.8), facecolors=colours[kind],
+                           edgecolor="white")
+            ax.text(left + width / 2, rank, str(chunk), ha="center", va="center",
+                    fontsize="x-small", color="white")
+    ax.set_yticks(range(len(ranks_events)), labels=[f"rank {r}" for r in range(len(ranks_events))])
+    ax.invert_yaxis()
+    ax.set_xlabel("time in the step (ms)")
+    ax.set_title(title, fontsize="medium")
+
+
+if CAN_RUN_RANKS:
+    timing_model = layer_stack(LAYERS_PER_STAGE * TIMING_STAGES, WIDTH, torch.float32)
+    start = time.perf_counter()
+    timing_results = run_ranks(timing_worker, TIMING_STAGES, timing_model)
+    print(f"timed {(1 + TIMED_STEPS) * len(timing_results[0])} steps per rank "
+          f"in {time.perf_counter() - start:.1f} s")
+
+    shown_m = 2 * TIMING_STAGES
+    fig, axes = plt.subplots(1, 2, figsize=(11, 1.2 + 0.6 * TIMING_STAGES), sharex=True)
+    for ax, schedule_name in zip(axes, SCHEDULES):
+        step = least_disturbed_step(timing_results, schedule_name, shown_m)
+        draw_timeline(ax, step, f"{schedule_name}, p = {TIMING_STAGES}, m = {shown_m}")
+    fig.legend(handles=[Patch(color="tab:blue", label="forward (F)"),
+                        Patch(color="tab:orange", label="backward (B)")],
+               loc="lower center", ncol=2, frameon=False)
+    fig.suptitle(f"Measured pipeline schedules, gloo on {DEVICE_NAME}", fontsize="medium")
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+
+# %%
+# The white gaps are the bubble. In GPipe every rank runs all forwards, then
+# all backwards, in micro-batch order; in 1F1B the first stage starts the
+# backward of micro-batch 0 as soon as its gradient comes back, and then
+# alternates. Both leave the same idle time at the start and the end of the
+# step. A backward takes about twice as long as a forward: it computes the
+# gradients of both the inputs and the weights.
+#
+# Measure: the bubble against the number of micro-batches
+# ---------------------------------------------------------
+# The measured bubble of a step is the fraction of the step's span (first
+# start to last end on any rank) that the ranks spent outside their stage's
+# forward and backward, averaged over the ranks. It includes the time spent
+# sending activations and gradients, which the formula leaves out.
+
+
+def on_core_fraction(step):
+    """Seconds the ranks' compute ran on a core over the seconds it took."""
+    return (sum(on_core for events in step for *_, on_core in events)
+            / sum(end - start for events in step for _, _, start, end, _ in events))
+
+
+def measured_bubble(step):
+    busy = [sum(end - start for _, _, start, end, _ in events) for events in step]
+    return 1 - statistics.fmean(busy) / makespan(step)
+
+
+if CAN_RUN_RANKS:
+    bubbles = {(name, m): measured_bubble(least_disturbed_step(timing_results, name, m))
+               for name in SCHEDULES for m in microbatch_counts(name, TIMING_STAGES)}
+    print(f"{'m':>4} {'predicted':>10} " + " ".join(f"{name:>8}" for name in SCHEDULES))
+    for m in MICROBATCH_COUNTS:
+        measured = " ".join(f"{bubbles[name, m]:8.3f}" if (name, m) in bubbles else f"{'-':>8}"
+                            for name in SCHEDULES)
+        print(f"{m:4d} {predicted_bubble(TIMING_STAGES, m):10.3f} {measured}")
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    many_m = torch.logspace(0, 5, 100, base=2).tolist()
+    ax.plot(many_m, [predicted_bubble(TIMING_STAGES, m) for m in many_m], color="black",
+            label="predicted (p-1)/(m+p-1)")
+    for name, marker in zip(SCHEDULES, "os"):
+        counts = microbatch_counts(name, TIMING_STAGES)
+        ax.plot(counts, [bubbles[name, m] for m in counts], marker, label=f"measured, {name}")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(MICROBATCH_COUNTS, labels=[str(m) for m in MICROBATCH_COUNTS])
+    ax.set_xlabel("micro-batches per step m")
+    ax.set_ylabel("bubble (fraction of the step idle)")
+    ax.set_ylim(0, None)
+    ax.set_title(f"Bubble, p = {TIMING_STAGES} stages, gloo on {DEVICE_NAME}", fontsize="medium")
+    ax.legend(frameon=False)
+    fig.tight_layout()
+
+    # On a shared machine a rank can lose its core mid-matmul: then the ranks take
+    # turns instead of overlapping, and the bubble measures the queue for a core.
+    on_core = min(on_core_fraction(least_disturbed_step(timing_results, name, m))
+                  for name, m in bubbles)
+    print(f"ranks' time on a core while computing: at least {on_core:.0%} of their busy time")
+    if on_core >= 0.9:
+        for name in SCHEDULES:
+            counts = microbatch_counts(name, TIMING_STAGES)
+            assert bubbles[name, counts[-1]] < bubbles[name, counts[0]] / 2, (
+                f"{name}: the bubble did not shrink with more micro-batches: {bubbles}")
+    else:
+        print("Other processes took this machine's cores during the timing: the measured "
+              "bubble is not compared with the prediction.")
+
+
+# %%
+# Memory: micro-batches in flight
+# -------------------------------
+# A stage keeps a micro-batch's activations from its forward until its
+# backward. From the check run's events (4 stages, 8 micro-batches) we count,
+# on each rank, the most micro-batches whose forward had run and whose backward
+# had not. GPipe holds all :math:`m` of them on every rank; 1F1B holds at most
+# :math:`p` (on stage :math:`r`, :math:`p-r`), however large :math:`m` grows.
+# That is why 1F1B, with the same bubble, allows the many micro-batches that
+# make the bubble small.
+
+
+def peak_in_flight(events):
+    held = peak = 0
+    for kind, *_ in events:
+        held += 1 if kind == "F" else -1
+        peak = max(peak, held)
+    return peak
+
+
+if CAN_RUN_RANKS:
+    activation_kib = CHECK_ROWS_PER_MICROBATCH * CHECK_WIDTH * 2 * 2 * 8 / 1024  # in + out, float64
+    peaks = {name: [peak_in_flight(result[name]["events"]) for result in check_results]
+             for name in SCHEDULES}
+    print(f"peak micro-batches in flight, p = {CHECK_STAGES}, m = {CHECK_MICROBATCHES}")
+    print(f"{'rank':>6} " + " ".join(f"{name:>6}" for name in SCHEDULES))
+    for rank in range(CHECK_STAGES):
+        print(f"{rank:6d} " + " ".join(f"{peaks[name][rank]:6d}" for name in SCHEDULES))
+    assert peaks["GPipe"] == [CHECK_MICROBATCHES] * CHECK_STAGES, peaks
+    assert peaks["1F1B"] == [min(CHECK_MICROBATCHES, CHECK_STAGES - r)
+                             for r in range(CHECK_STAGES)], peaks
+    assert max(peaks["1F1B"]) <= CHECK_STAGES < CHECK_MICROBATCHES
+
+
+# %%
+# What to take away
+# -----------------
+# * Cutting a model into stages changes nothing in the arithmetic: both
+#   schedules produce the unsplit model's loss, gradients and weights, as the
+#   check above asserts to rounding in float64.
+# * The bubble is the price of the pipeline: with :math:`p` stages it falls
+#   like :math:`(p-1)/(m+p-1)` only as the micro-batch count :math:`m` grows.
+#   The measured bubble sits above the prediction because it also contains the
+#   sends and receives and the schedule's own bookkeeping, which the formula
+#   leaves out; on a small CPU model these are not negligible next to a few
+#   milliseconds of matmuls.
+# * GPipe stores all :math:`m` micro-batches' activations at once; 1F1B stores
+#   at most :math:`p`. That is what makes a large :math:`m`, and so a small
+#   bubble, affordable in memory.
+# * On GPUs the stages would talk over NVLink or InfiniBand with NCCL, and the
+#   compute per micro-batch is far larger, so the send time matters less.
+#   Interleaved schedules, which give each rank several smaller stages,
+#   shrink the bubble further at the cost of more sends (Narayanan et al.
+#   2021). The timings here describe gloo on this CPU, nothing more.
+
+KEY_FIGURES = {"device": DEVICE_NAME, "stages_timed": TIMING_STAGES}
+if CAN_RUN_RANKS:
+    largest_m = MICROBATCH_COUNTS[-1]
+    KEY_FIGURES.update({
+        f"bubble_predicted_m{largest_m}": predicted_bubble(TIMING_STAGES, largest_m),
+        **{f"bubble_measured_{name}_m{largest_m}": bubbles[name, largest_m] for name in SCHEDULES},
+        "bubble_measured_GPipe_m1": bubbles["GPipe", 1],
+        **{f"peak_in_flight_{name}_rank0": peaks[name][0] for name in SCHEDULES},
+    })

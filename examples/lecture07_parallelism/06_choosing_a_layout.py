@@ -1,0 +1,605 @@
+"""
+Choosing a layout: memory and communication of DP, TP, PP and FSDP
+===================================================================
+
+Given a model and a cluster, which mix of data, tensor and pipeline
+parallelism (and how much ZeRO sharding) fits in GPU memory, and which spends
+the least time communicating? We write a small planner that answers this with
+the memory accounting and the alpha-beta cost model of this lecture, apply it
+to Llama 2 7B and 70B on nodes of eight H200 GPUs, and then test the cost
+model where we can: we fit alpha and beta on this machine, predict the
+communication time of a data-parallel and a tensor-parallel step, and measure
+it.
+
+**Requirements.** The planner is arithmetic and runs anywhere; its cluster
+figures are a model built from NVIDIA's datasheets, not a measurement. The
+check at small scale uses gloo on loopback with 2 CPU ranks (on a single GPU,
+T4 on Colab included, the same: gloo on CPU ranks); its numbers describe this
+machine's loopback, not NVLink or InfiniBand.
+"""
+
+# %%
+# Starting the ranks
+# ------------------
+# Each example of this lecture forks its ranks with the same small launcher:
+# a file store for the rendezvous (no port), a timeout on the process group,
+# and a rank's exception or death fails the example with its traceback.
+
+import datetime
+import os
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def run_ranks(worker, world_size, *args, timeout_s=60):
+    """Run ``worker(rank, world_size, *args)`` in ``world_size`` forked processes.
+
+    Returns the list of the ranks' return values. A rank that raises fails the
+    call with its traceback; ranks that have not finished after ``timeout_s`` are
+    killed and a TimeoutError is raised, so the example can never hang.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        # Fork, not spawn: a sphinx-gallery script is not an importable module.
+        ranks = mp.start_processes(_rank_main, args=(world_size, tmp, worker, args, timeout_s),
+                                   nprocs=world_size, join=False, start_method="fork")
+        deadline = time.monotonic() + timeout_s
+        while not ranks.join(timeout=0.2):
+            if time.monotonic() > deadline:
+                for process in ranks.processes:
+                    process.kill()
+                raise TimeoutError(f"{worker.__name__}: ranks still running after {timeout_s} s")
+        return [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(world_size)]
+
+
+def _rank_main(rank, world_size, tmp, worker, args, timeout_s):
+    torch.set_num_threads(1)  # one core per rank: the ranks share the machine
+    # A file store needs no port, so nothing is left listening afterwards.
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank,
+                            world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        torch.save(worker(rank, world_size, *args), os.path.join(tmp, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+# %%
+# Setup
+# -----
+
+import itertools
+import platform
+
+import matplotlib.pyplot as plt
+from torch import nn
+
+
+def skip_or_fail(section, capability, reason):
+    """Readers' runs skip a part whose tool is missing; the site's builds require it."""
+    if capability in os.environ.get("COURSE_REQUIRE", "").split(","):
+        raise RuntimeError(f"{section}: this build requires {capability}, but {reason}")
+    print(f"Skipped {section}: {reason}.")
+
+
+if not dist.is_available():
+    CAN_RUN_RANKS, WHY_NOT = False, "torch.distributed is not available in this PyTorch build"
+elif "fork" not in mp.get_all_start_methods():
+    CAN_RUN_RANKS, WHY_NOT = False, f"processes cannot be forked on {sys.platform}"
+else:
+    CAN_RUN_RANKS, WHY_NOT = True, ""
+DEVICE_NAME = f"{platform.machine()} CPU, {os.cpu_count()} cores"
+torch.manual_seed(0)
+print(f"planner: a model of 8 x H200 nodes (datasheet figures)   check: gloo on CPU ranks "
+      f"(loopback), 2 ranks, {DEVICE_NAME}")
+
+# %%
+# The model and the cluster, with sources
+# ---------------------------------------
+# The shapes are those of the released Llama 2 models (Touvron et al. 2023:
+# 4096-token context, grouped-query attention with 8 key-value heads in 70B;
+# layers, widths and vocabulary from the models' published configurations).
+# The cluster is a model of DGX H200 nodes: 8 H200 GPUs with 141 GB of HBM3e
+# each, joined by NVLink at 900 GB/s per GPU (both directions together, so 450
+# GB/s each way), and 8 ConnectX-7 adapters per node at up to 400 Gb/s
+# InfiniBand, one per GPU (NVIDIA's H200 and DGX H200 datasheets). The
+# datasheet's BF16 tensor-core rate, 1979 TFLOP/s, is quoted with sparsity;
+# dense is half. The per-message latencies are assumptions, not datasheet
+# figures; they matter only for small messages.
+
+LLAMA2 = {
+    "Llama 2 7B": {"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 32, "ffn": 11008,
+                   "vocab": 32000, "nominal_params": 7e9},
+    "Llama 2 70B": {"layers": 80, "hidden": 8192, "heads": 64, "kv_heads": 8, "ffn": 28672,
+                    "vocab": 32000, "nominal_params": 70e9},
+}
+H200_CLUSTER = {
+    "gpus_per_node": 8,
+    "memory_bytes": 141e9,
+    "nvlink_bytes_per_s": 450e9,  # per GPU, each direction
+    "infiniband_bytes_per_s": 400e9 / 8,  # one 400 Gb/s ConnectX-7 per GPU
+    "nvlink_latency_s": 3e-6,  # assumed
+    "infiniband_latency_s": 10e-6,  # assumed
+    "bf16_flops_per_s": 1979e12 / 2,  # dense
+}
+TRAINING = {"sequence": 4096, "global_batch_sequences": 1024, "microbatch_sequences": 1}
+MEMORY_HEADROOM = 0.9  # keep 10 % for the allocator, communication buffers, temporaries
+JOBS = [("Llama 2 7B", 8), ("Llama 2 70B", 64)]  # (model, GPUs)
+
+
+def parameter_count(model):
+    """Weights of a Llama layer stack: attention with grouped K/V, SwiGLU MLP, norms, embeddings."""
+    h, head_dim = model["hidden"], model["hidden"] // model["heads"]
+    attention = 2 * h * h + 2 * h * model["kv_heads"] * head_dim  # Q and O, then K and V
+    mlp = 3 * h * model["ffn"]  # gate, up, down
+    per_layer = attention + mlp + 2 * h  # two RMSNorm weights
+    return model["layers"] * per_layer + 2 * model["vocab"] * h + h  # untied embedding, head
+
+
+for name, model in LLAMA2.items():
+    count = parameter_count(model)
+    assert abs(count / model["nominal_params"] - 1) < 0.05, (name, count)
+    print(f"{name}: {count / 1e9:.2f} billion parameters from its shapes")
+
+
+# %%
+# The cost model
+# --------------
+# A layout is a data-parallel degree :math:`d`, a tensor-parallel degree
+# :math:`t` (inside a node, Megatron's column and row split with sequence
+# parallelism), a pipeline-parallel degree :math:`p` (1F1B schedule), a ZeRO
+# stage for the data-parallel group (3 is FSDP), and whether activations are
+# recomputed. Ranks are numbered tensor-parallel first, then data-parallel,
+# then pipeline, so a group stays inside a node when its span
+# fits in eight GPUs.
+#
+# **Memory per GPU.** Mixed-precision Adam keeps 2 bytes of BF16 weights, 2
+# of BF16 gradients and 12 of FP32 master weights and moments per parameter
+# (ZeRO's accounting); TP and PP divide all three, ZeRO stage 1, 2 and 3 then
+# divide the optimizer state, the gradients and the weights by :math:`d`.
+# Activations follow Korthikanti et al. (2022): with tensor and sequence
+# parallelism and selective recomputation a layer keeps :math:`34\,sbh/t`
+# bytes per micro-batch (:math:`s` tokens, :math:`b` sequences, width
+# :math:`h`); with full recomputation it keeps only its input,
+# :math:`2\,sbh/t`, plus one layer's working set. Under 1F1B the first stage
+# holds :math:`\min(p, m)` micro-batches of its :math:`L/p` layers; the last
+# stage also holds the FP32 logits.
+#
+# **Communication per step.** Ring collectives in the alpha-beta model: over
+# :math:`n` ranks an all-reduce of :math:`S` bytes takes
+# :math:`2(n-1)\alpha + 2\frac{n-1}{n} S/B`, a reduce-scatter or an
+# all-gather half of that. TP all-reduces :math:`2sbh` bytes four times per
+# layer and micro-batch (six with full recomputation), PP sends
+# :math:`2sbh/t` bytes each way per micro-batch, and DP reduces the
+# gradients: once per step (ZeRO 0 and 1), reduce-scatter per micro-batch
+# (ZeRO 2), or all-gather the weights twice and reduce-scatter the gradients
+# per micro-batch (ZeRO 3). No overlap with compute is assumed, so the total is
+# an upper bound on the exposed time.
+#
+# **Compute.** :math:`6N + 12Lsh` FLOPs per token (Narayanan et al. 2021;
+# a third more with full recomputation) at the dense datasheet peak, a lower
+# bound, stretched by the pipeline bubble :math:`(p-1)/(m+p-1)`.
+
+COLLECTIVE_STEPS = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}
+
+
+def ring_time(collective, ranks, nbytes, latency_s, bytes_per_s):
+    """alpha-beta time of a ring collective over ``ranks`` ranks on a buffer of ``nbytes``."""
+    if ranks == 1:
+        return 0.0
+    steps = COLLECTIVE_STEPS[collective] * (ranks - 1)
+    return steps * latency_s + steps / ranks * nbytes / bytes_per_s
+
+
+def link(cluster, span):
+    """(latency, bandwidth) of a group whose ranks span ``span`` consecutive GPUs."""
+    if span <= cluster["gpus_per_node"]:
+        return cluster["nvlink_latency_s"], cluster["nvlink_bytes_per_s"]
+    return cluster["infiniband_latency_s"], cluster["infiniband_bytes_per_s"]
+
+
+def memory_per_gpu(model, layout, training):
+    """Bytes per GPU: weights, gradients, optimizer state and activations."""
+    d, t, p, zero = layout["dp"], layout["tp"], layout["pp"], layout["zero"]
+    s, b, h = training["sequence"], training["microbatch_sequences"], model["hidden"]
+    params = parameter_count(model) / (t * p)
+    per_layer = 34 * s * b * h / t
+    if layout["recompute"]:
+        stored_per_layer, working_set = 2 * s * b * h / t, per_layer
+    else:
+        stored_per_layer, working_set = per_layer, 0.0
+    layers = model["layers"] // p
+    first_stage = min(p, layout["microbatches"]) * layers * stored_per_layer + working_set
+    last_stage = layers * stored_per_layer + working_set + 4 * s * b * model["vocab"] / t
+    return {"weights": 2 * params / (d if zero >= 3 else 1),
+            "gradients": 2 * params / (d if zero >= 2 else 1),
+            "optimizer": 12 * params / (d if zero >= 1 else 1),
+            "activations": max(first_stage, last_stage)}
+
+
+def communication_per_step(model, layout, training, cluster):
+    """Seconds per step each kind of parallelism spends communicating (no overlap)."""
+    d, t, p, zero, m = (layout[k] for k in ("dp", "tp", "pp", "zero", "microbatches"))
+    activation_bytes = 2 * training["sequence"] * training["microbatch_sequences"] * model["hidden"]
+    tp_all_reduces = m * model["layers"] // p * (6 if layout["recompute"] else 4)
+    tp = tp_all_reduces * ring_time("all_reduce", t, activation_bytes, *link(cluster, t))
+    pp_latency, pp_bandwidth = link(cluster, d * t * p)
+    pp = 2 * m * (pp_latency + activation_bytes / t / pp_bandwidth) if p > 1 else 0.0
+    gradient_bytes = 2 * parameter_count(model) / (t * p)
+    dp_link = link(cluster, d * t)
+    if zero <= 1:
+        dp = ring_time("all_reduce", d, gradient_bytes, *dp_link)
+    elif zero == 2:
+        dp = (m * ring_time("reduce_scatter", d, gradient_bytes, *dp_link)
+              + ring_time("all_gather", d, gradient_bytes, *dp_link))
+    else:
+        dp = m * (2 * ring_time("all_gather", d, gradient_bytes, *dp_link)
+                  + ring_time("reduce_scatter", d, gradient_bytes, *dp_link))
+    return {"tp": tp, "pp": pp, "dp": dp}
+
+
+def compute_per_step(model, layout, training, cluster, gpus):
+    """Seconds of matmuls per step at the datasheet peak, with the pipeline bubble."""
+    tokens = training["global_batch_sequences"] * training["sequence"]
+    per_token = 6 * parameter_count(model) + 12 * model["layers"] * training["sequence"] * model["hidden"]
+    if layout["recompute"]:
+        per_token *= 4 / 3
+    busy = tokens * per_token / gpus / cluster["bf16_flops_per_s"]
+    p, m = layout["pp"], layout["microbatches"]
+    return busy / (1 - (p - 1) / (m + p - 1))
+
+
+def layouts(model, gpus, training, cluster):
+    """Every layout of ``gpus`` GPUs that divides the model's heads, layers and batch."""
+    for t, p in itertools.product([1, 2, 4, 8], range(1, model["layers"] + 1)):
+        if (t > cluster["gpus_per_node"] or model["kv_heads"] % t or model["layers"] % p
+                or gpus % (t * p)):
+            continue
+        d = gpus // (t * p)
+        sequences_per_replica, rest = divmod(training["global_batch_sequences"], d)
+        microbatches = sequences_per_replica // training["microbatch_sequences"]
+        if rest or microbatches < p:
+            continue
+        for zero, recompute in itertools.product([0, 1, 2, 3] if d > 1 else [0], [False, True]):
+            yield {"dp": d, "tp": t, "pp": p, "zero": zero, "recompute": recompute,
+                   "microbatches": microbatches}
+
+
+def plan(model, gpus, training, cluster):
+    """Each layout with its memory, communication and estimated step time."""
+    rows = []
+    for layout in layouts(model, gpus, training, cluster):
+        memory = memory_per_gpu(model, layout, training)
+        communication = communication_per_step(model, layout, training, cluster)
+        compute = compute_per_step(model, layout, training, cluster, gpus)
+        total_memory = sum(memory.values())
+        rows.append({**layout, "memory": total_memory, "communication": sum(communication.values()),
+                     "by_kind": communication, "compute": compute,
+                     "step": compute + sum(communication.values()),
+                     "fits": total_memory <= MEMORY_HEADROOM * cluster["memory_bytes"]})
+    return rows
+
+
+def layout_name(row):
+    zero = "FSDP" if row["zero"] == 3 else (f"ZeRO-{row['zero']}" if row["zero"] else "DDP")
+    recompute = " +recompute" if row["recompute"] else ""
+    return f"DP{row['dp']} TP{row['tp']} PP{row['pp']} {zero}{recompute}"
+
+
+# %%
+# The planner's answer
+# --------------------
+# For each job, the feasible layouts with the shortest estimated step, then
+# the figure of every layout: memory per GPU against communication per step.
+
+def print_plan(job, rows, shown=6):
+    # Equal estimated steps: the layout with the most memory to spare.
+    feasible = sorted((row for row in rows if row["fits"]), key=lambda row: (row["step"], row["memory"]))
+    print(f"\n{job}: {len(feasible)} of {len(rows)} layouts fit in "
+          f"{MEMORY_HEADROOM:.0%} of {H200_CLUSTER['memory_bytes'] / 1e9:.0f} GB")
+    print(f"{'layout':34s} {'GB/GPU':>7} {'TP s':>7} {'PP s':>7} {'DP s':>7} {'compute s':>10} "
+          f"{'step s':>7}")
+    for row in feasible[:shown]:
+        kind = row["by_kind"]
+        print(f"{layout_name(row):34s} {row['memory'] / 1e9:7.1f} {kind['tp']:7.2f} {kind['pp']:7.2f} "
+              f"{kind['dp']:7.2f} {row['compute']:10.2f} {row['step']:7.2f}")
+    return feasible[0]
+
+
+plans = {f"{name} on {gpus} GPUs": plan(LLAMA2[name], gpus, TRAINING, H200_CLUSTER)
+         for name, gpus in JOBS}
+picks = {job: print_plan(job, rows) for job, rows in plans.items()}
+
+fig, axes = plt.subplots(1, len(plans), figsize=(11, 4.2))
+for ax, (job, rows) in zip(axes, plans.items()):
+    for fits, style in [(True, {"color": "tab:blue", "label": "fits"}),
+                        (False, {"color": "lightgrey", "label": "does not fit"})]:
+        chosen = [row for row in rows if row["fits"] == fits]
+        ax.scatter([row["communication"] for row in chosen], [row["memory"] / 1e9 for row in chosen],
+                   s=14, **style)
+    pick = picks[job]
+    ax.scatter([pick["communication"]], [pick["memory"] / 1e9], marker="*", s=160, color="tab:red",
+               label=f"pick: {layout_name(pick)}")
+    ax.axhline(H200_CLUSTER["memory_bytes"] / 1e9, color="black", lw=0.8)
+    ax.text(ax.get_xlim()[0], H200_CLUSTER["memory_bytes"] / 1e9, " 141 GB HBM3e", va="bottom",
+            fontsize="small")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_ylim(top=max(2 * H200_CLUSTER["memory_bytes"] / 1e9, ax.get_ylim()[1]))
+    ax.set_xlabel("communication per step, no overlap (s)")
+    ax.set_ylabel("memory per GPU (GB)")
+    ax.set_title(job, fontsize="medium")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False, fontsize="small")
+fig.suptitle("Layouts on 8 x H200 nodes: a model from datasheet figures, not a measurement",
+             fontsize="medium")
+fig.tight_layout()
+
+# %%
+# Checking the cost model where we can
+# ------------------------------------
+# We cannot measure the cluster, but we can test the model's method on the
+# machine at hand. Two gloo ranks first time all-reduces over a range of
+# sizes; a least-squares fit of :math:`t = 2(n-1)\alpha + 2\frac{n-1}{n}S\beta`
+# (relative errors, so small and large messages count alike) gives this
+# machine's :math:`\alpha` and :math:`\beta`. From them we *predict* the
+# communication of two steps before running them:
+#
+# * a data-parallel step of a three-layer MLP, one all-reduce per gradient
+#   tensor (large messages: :math:`\beta` dominates);
+# * a tensor-parallel step of four Megatron MLP blocks split over the two
+#   ranks, one all-reduce of the activations per block forward and one of the
+#   input gradient backward (small messages: :math:`\alpha` matters).
+#
+# Then each rank runs the steps and times its all-reduces. Both steps are also
+# checked against one process computing the same thing.
+
+SWEEP_BYTES = [2 ** k for k in range(8, 25, 2)]  # 256 B to 16 MiB
+REPEATS = 8
+DP_WIDTHS = [384, 1000, 1000, 384]  # a three-layer MLP: 1.5, 4 and 1.5 MB of weights
+DP_ROWS = 48
+TP_BLOCKS, TP_WIDTH, TP_FFN, TP_ROWS = 4, 256, 1024, 64
+
+
+def timed_all_reduce(tensor, log):
+    start = time.perf_counter()
+    dist.all_reduce(tensor)
+    log.append(time.perf_counter() - start)
+
+
+class AllReduceForward(torch.autograd.Function):
+    """Megatron's g: sum the partial outputs in forward, pass the gradient through."""
+
+    @staticmethod
+    def forward(ctx, partial, log):
+        total = partial.clone()
+        timed_all_reduce(total, log)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class AllReduceBackward(torch.autograd.Function):
+    """Megatron's f: pass the input through in forward, sum its gradient in backward."""
+
+    @staticmethod
+    def forward(ctx, x, log):
+        ctx.log = log
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        timed_all_reduce(grad, ctx.log)
+        return grad, None
+
+
+def sweep_all_reduce():
+    """This rank's seconds for ``REPEATS`` all-reduces of each size in SWEEP_BYTES."""
+    samples = {}
+    for nbytes in SWEEP_BYTES:
+        buffer = torch.ones(nbytes // 4)
+        samples[nbytes] = []
+        for _ in range(REPEATS):
+            dist.barrier()
+            timed_all_reduce(buffer, samples[nbytes])
+    return samples
+
+
+def collective_seconds(ranks_logs):
+    """Seconds of a run's collectives, from each rank's log of them.
+
+    A rank that reaches a collective early also times its wait for the others;
+    the last to arrive times only the collective. So: per collective the
+    fastest rank, summed; then the fastest of the repeated runs.
+    """
+    runs = zip(*ranks_logs)  # per run: one log per rank
+    return min(sum(min(times) for times in zip(*logs)) for logs in runs)
+
+
+def data_parallel_step(rank, world_size, model, inputs, targets):
+    """Backward on this rank's half of the batch, then average the gradients."""
+    rows = len(inputs) // world_size
+    mine = slice(rank * rows, (rank + 1) * rows)
+    model.zero_grad()
+    nn.functional.mse_loss(model(inputs[mine]), targets[mine]).backward()
+    log = []
+    dist.barrier()
+    for p in model.parameters():
+        timed_all_reduce(p.grad, log)
+        p.grad /= world_size
+    return log, [p.grad.clone() for p in model.parameters()]
+
+
+def tensor_parallel_step(blocks, inputs):
+    """Each block: column-split up projection, GeLU, row-split down projection."""
+    x = inputs.clone().requires_grad_()
+    log = []
+    hidden = x
+    dist.barrier()
+    for up_columns, down_rows in blocks:
+        local = AllReduceBackward.apply(hidden, log)
+        partial = nn.functional.gelu(local @ up_columns) @ down_rows
+        hidden = AllReduceForward.apply(partial, log)
+    hidden.sum().backward()
+    return log, hidden.detach(), x.grad
+
+
+def on_core_fraction(seconds=0.05):
+    """Fraction of ``seconds`` of matmuls that this process actually ran on a core."""
+    a = torch.randn(128, 128)
+    start, start_on_core = time.perf_counter(), time.thread_time()
+    while time.perf_counter() - start < seconds:
+        a @ a
+    return (time.thread_time() - start_on_core) / (time.perf_counter() - start)
+
+
+def sweep_worker(rank, world_size):
+    return sweep_all_reduce()
+
+
+def steps_worker(rank, world_size, dp_model, dp_inputs, dp_targets, tp_blocks, tp_inputs):
+    shard = TP_FFN // world_size
+    mine = slice(rank * shard, (rank + 1) * shard)
+    my_blocks = [(up[:, mine].clone(), down[mine, :].clone()) for up, down in tp_blocks]
+    dist.barrier()
+    on_core_before = on_core_fraction()
+    dp_runs = [data_parallel_step(rank, world_size, dp_model, dp_inputs, dp_targets)
+               for _ in range(REPEATS)]
+    tp_runs = [tensor_parallel_step(my_blocks, tp_inputs) for _ in range(REPEATS)]
+    return {"on_core": min(on_core_before, on_core_fraction()),"dp_logs": [run[0] for run in dp_runs], "dp_grads": dp_runs[-1][1],
+            "tp_logs": [run[0] for run in tp_runs], "tp_output": tp_runs[-1][1],
+            "tp_input_grad": tp_runs[-1][2]}
+
+
+def fit_alpha_beta(sweep, ranks):
+    """Least squares on relative error: t_i ~ 2(n-1) alpha + 2(n-1)/n S_i beta."""
+    sizes = torch.tensor(list(sweep), dtype=torch.float64)
+    seconds = torch.tensor(list(sweep.values()), dtype=torch.float64)
+    design = torch.stack([torch.full_like(sizes, 2.0 * (ranks - 1)), 2 * (ranks - 1) / ranks * sizes], 1)
+    alpha, beta = torch.linalg.lstsq(design / seconds[:, None], torch.ones_like(seconds)).solution
+    return alpha.item(), beta.item()
+
+
+def mlp(widths):
+    layers = []
+    for fan_in, fan_out in itertools.pairwise(widths):
+        layers += [nn.Linear(fan_in, fan_out), nn.GELU()]
+    return nn.Sequential(*layers[:-1])
+
+
+CHECK_RANKS = 2
+if CAN_RUN_RANKS:
+    sweep_logs = run_ranks(sweep_worker, CHECK_RANKS)
+    sweep = {nbytes: collective_seconds([[[t] for t in logs[nbytes]] for logs in sweep_logs])
+             for nbytes in SWEEP_BYTES}
+    alpha, beta = fit_alpha_beta(sweep, CHECK_RANKS)
+    print(f"fitted on this machine: alpha = {1e6 * alpha:.1f} us, 1/beta = {1e-9 / beta:.2f} GB/s "
+          f"(gloo, loopback, {CHECK_RANKS} ranks)")
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    sizes = list(sweep)
+    ax.plot(sizes, [1e3 * t for t in sweep.values()], "o", label="measured all-reduce")
+    ax.plot(sizes, [1e3 * ring_time("all_reduce", CHECK_RANKS, n, alpha, 1 / beta) for n in sizes],
+            label=f"fit: alpha = {1e6 * alpha:.0f} us, 1/beta = {1e-9 / beta:.2f} GB/s")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("time (ms)")
+    ax.set_title(f"All-reduce, {CHECK_RANKS} gloo ranks on {DEVICE_NAME}", fontsize="medium")
+    ax.legend(frameon=False)
+    fig.tight_layout()
+
+    dp_model = mlp(DP_WIDTHS)
+    dp_inputs, dp_targets = torch.randn(DP_ROWS, DP_WIDTHS[0]), torch.randn(DP_ROWS, DP_WIDTHS[-1])
+    tp_blocks = [(torch.randn(TP_WIDTH, TP_FFN) / TP_WIDTH ** 0.5,
+                  torch.randn(TP_FFN, TP_WIDTH) / TP_FFN ** 0.5) for _ in range(TP_BLOCKS)]
+    tp_inputs = torch.randn(TP_ROWS, TP_WIDTH)
+    predicted = {
+        "DP": sum(ring_time("all_reduce", CHECK_RANKS, 4 * p.numel(), alpha, 1 / beta)
+                  for p in dp_model.parameters()),
+        "TP": 2 * TP_BLOCKS * ring_time("all_reduce", CHECK_RANKS, 4 * TP_ROWS * TP_WIDTH, alpha,
+                                        1 / beta),
+    }
+    print("predicted communication per step: "
+          + ", ".join(f"{kind} {1e3 * seconds:.2f} ms" for kind, seconds in predicted.items()))
+else:
+    skip_or_fail("the check on this machine", "distributed", WHY_NOT)
+
+# %%
+# Now the measurement, and the check that both steps compute what one process
+# computes.
+
+if CAN_RUN_RANKS:
+    results = run_ranks(steps_worker, CHECK_RANKS, dp_model, dp_inputs, dp_targets, tp_blocks,
+                        tp_inputs)
+
+    reference = mlp(DP_WIDTHS)
+    reference.load_state_dict(dp_model.state_dict())
+    nn.functional.mse_loss(reference(dp_inputs), dp_targets).backward()
+    for result in results:
+        for got, want in zip(result["dp_grads"], (p.grad for p in reference.parameters())):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6 * want.abs().max().item())
+    x = tp_inputs.clone().requires_grad_()
+    hidden = x
+    for up, down in tp_blocks:
+        hidden = nn.functional.gelu(hidden @ up) @ down
+    hidden.sum().backward()
+    for result in results:
+        assert all(len(log) == 2 * TP_BLOCKS for log in result["tp_logs"]), "all-reduces per step"
+        torch.testing.assert_close(result["tp_output"], hidden.detach(), rtol=1e-5,
+                                   atol=1e-6 * hidden.abs().max().item())
+        torch.testing.assert_close(result["tp_input_grad"], x.grad, rtol=1e-5,
+                                   atol=1e-6 * x.grad.abs().max().item())
+
+    measured = {"DP": collective_seconds([r["dp_logs"] for r in results]),
+                "TP": collective_seconds([r["tp_logs"] for r in results])}
+    print(f"{'step':>5} {'predicted ms':>13} {'measured ms':>12} {'ratio':>6}")
+    for kind, seconds in predicted.items():
+        print(f"{kind:>5} {1e3 * seconds:13.2f} {1e3 * measured[kind]:12.2f} "
+              f"{measured[kind] / seconds:6.2f}")
+    # Loaded cores turn a rank's wait for a message into a wait for a core.
+    on_core = min(r["on_core"] for r in results)
+    print(f"ranks' time on a core while computing: at least {on_core:.0%}")
+    if on_core >= 0.9:
+        for kind, seconds in predicted.items():
+            assert 0.5 <= measured[kind] / seconds <= 2, (
+                f"{kind}: measured {measured[kind]:.2e} s, predicted {seconds:.2e} s")
+    else:
+        print("Other processes took this machine's cores during the check: the measured times "
+              "are not compared with the prediction.")
+
+
+# %%
+# What to take away
+# -----------------
+# * Memory decides first. With the whole optimizer state on every GPU, plain
+#   data parallelism only just fits the 7B model; ZeRO-1 frees most of it at no
+#   extra communication. The 70B model needs its weights split, by pipeline,
+#   tensor or FSDP sharding, before any layout fits at all.
+# * Among the layouts that fit, the estimated step times are close: at the
+#   datasheet peak the matmuls of a 4M-token batch take far longer than the
+#   gradient all-reduce, and a well-placed layout keeps the heavy traffic
+#   (tensor parallelism) on NVLink. What separates layouts is how often they
+#   communicate: FSDP with one-sequence micro-batches gathers every weight
+#   twice per micro-batch, over InfiniBand once its group leaves the node, and
+#   lands at the right of the figure.
+# * The model is simple on purpose: no overlap of communication with compute,
+#   a peak compute rate no real step reaches, ring collectives only, assumed
+#   latencies, evenly split stages. It ranks layouts; it does not predict a
+#   step time to the second.
+# * The method, fit alpha and beta and add up the messages, is the part we
+#   could test here, on gloo over loopback with two ranks; the table above
+#   compares its prediction with the measured communication of both steps.
+#   The fitted values describe this machine, not a GPU cluster.
+
+KEY_FIGURES = {"device": DEVICE_NAME}
+KEY_FIGURES.update({f"pick_{job.replace(' ', '_')}": layout_name(pick) for job, pick in picks.items()})
+if CAN_RUN_RANKS:
+    KEY_FIGURES.update({"alpha_us": 1e6 * alpha, "bandwidth_GBps": 1e-9 / beta,
+                        **{f"{kind}_comm_predicted_ms": 1e3 * t for kind, t in predicted.items()},
+                        **{f"{kind}_comm_measured_ms": 1e3 * t for kind, t in measured.items()}})
