@@ -4,7 +4,7 @@ Occupancy and the on-chip machinery
 
 A tiled kernel is fast when the SM has enough work in flight to hide memory
 latency and when its on-chip traffic runs without stalls. We compile the
-course's Triton kernels for the A100 (sm_80) and the H100 (sm_90a), read
+course's Triton kernels for the A100 (``sm_80``) and the H100 (``sm_90a``), read
 their registers and shared memory, compute how many warps an SM can keep
 resident, count shared-memory bank conflicts, and find in the compiled code
 the swizzled layouts, tensor-core instructions and TMA loads that Triton
@@ -280,8 +280,8 @@ else:
     skip_or_fail("the kernel checks", "triton", f"import triton failed: {TRITON_IMPORT_ERROR}")
 
 # %%
-# Compiling for sm_80 and sm_90a without a GPU
-# --------------------------------------------
+# Compiling for ``sm_80`` and ``sm_90a`` without a GPU
+# ----------------------------------------------------
 # ``triton.compile(ASTSource(kernel, signature, constexprs, attrs),
 # target=GPUTarget("cuda", 90, 32))`` runs the whole pipeline: Triton's IRs,
 # PTX, and ``ptxas`` for the target. Its ``-v`` log gives registers per
@@ -481,7 +481,7 @@ if COMPILED:
 # %%
 # Occupancy against registers per thread
 # --------------------------------------
-# The staircase for sm_90a, with the compiled kernels placed on it.
+# The staircase for ``sm_90a``, with the compiled kernels placed on it.
 
 fig, ax = plt.subplots(figsize=(8, 4.5))
 for warps, style in ((4, "-"), (8, "--")):
@@ -537,8 +537,9 @@ for ilp in (1, 4):
 # On a GPU we measure it: a grid-stride copy in CUDA whose blocks request
 # dynamic shared memory they do not use, so that fewer fit on an SM. The
 # CUDA runtime reports the resident blocks
-# (``cudaOccupancyMaxActiveBlocksPerMultiprocessor``). One version loads one
-# ``float4`` per thread per step, the other four before storing any.
+# (``cudaOccupancyMaxActiveBlocksPerMultiprocessor``), which the formula
+# above must match on sm_80 and sm_90. One version loads one ``float4`` per
+# thread per step, the other four before storing any.
 
 CUDA_SOURCE = r"""
 #include <cuda_runtime.h>
