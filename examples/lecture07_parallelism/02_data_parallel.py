@@ -1,0 +1,454 @@
+"""
+Data parallel, from scratch and with DistributedDataParallel
+============================================================
+
+Data parallel gives every rank a full copy of the model and a slice of the
+batch; after the backward pass the ranks average their gradients with one
+all-reduce, so every copy takes the same step. We write it by hand and prove
+that the weights equal those of one process trained on the whole batch, then
+look at what ``DistributedDataParallel`` adds: gradient buckets, and
+all-reduces that run while the backward pass is still computing.
+
+**Requirements.** Any machine with ``torch.distributed`` and ``fork`` (Linux,
+macOS): 2 CPU ranks over gloo on loopback, on a CPU and on a GPU machine alike
+(a T4 on Colab included). The timeline shows CPU ranks on this machine's cores,
+not GPUs: on GPUs the all-reduces run on their own CUDA stream, over NCCL.
+"""
+
+# %%
+# Starting the ranks
+# ------------------
+# Each example of this lecture forks its ranks with the same small launcher:
+# a file store for the rendezvous (no port), a timeout on the process group,
+# and a rank's exception or death fails the example with its traceback.
+
+import datetime
+import os
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def run_ranks(worker, world_size, *args, timeout_s=60):
+    """Run ``worker(rank, world_size, *args)`` in ``world_size`` forked processes.
+
+    Returns the list of the ranks' return values. A rank that raises fails the
+    call with its traceback; ranks that have not finished after ``timeout_s`` are
+    killed and a TimeoutError is raised, so the example can never hang.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        # Fork, not spawn: a sphinx-gallery script is not an importable module.
+        ranks = mp.start_processes(_rank_main, args=(world_size, tmp, worker, args, timeout_s),
+                                   nprocs=world_size, join=False, start_method="fork")
+        deadline = time.monotonic() + timeout_s
+        while not ranks.join(timeout=0.2):
+            if time.monotonic() > deadline:
+                for process in ranks.processes:
+                    process.kill()
+                raise TimeoutError(f"{worker.__name__}: ranks still running after {timeout_s} s")
+        return [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(world_size)]
+
+
+def _rank_main(rank, world_size, tmp, worker, args, timeout_s):
+    torch.set_num_threads(1)  # one core per rank: the ranks share the machine
+    # A file store needs no port, so nothing is left listening afterwards.
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank,
+                            world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        torch.save(worker(rank, world_size, *args), os.path.join(tmp, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+# %%
+# Setup
+# -----
+# The ranks return their weights and measurements; this process compares and
+# prints them (a forked rank's output does not reach this page).
+
+import platform
+
+import matplotlib.pyplot as plt
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+
+
+def skip_or_fail(section, capability, reason):
+    """Readers' runs skip a part whose tool is missing; the site's builds require it."""
+    if capability in os.environ.get("COURSE_REQUIRE", "").split(","):
+        raise RuntimeError(f"{section}: this build requires {capability}, but {reason}")
+    print(f"Skipped {section}: {reason}.")
+
+
+if not dist.is_available():
+    CAN_RUN_RANKS, WHY_NOT = False, "torch.distributed is not available in this PyTorch build"
+elif "fork" not in mp.get_all_start_methods():
+    CAN_RUN_RANKS, WHY_NOT = False, f"processes cannot be forked on {sys.platform}"
+else:
+    CAN_RUN_RANKS, WHY_NOT = True, ""
+
+WORLD_SIZE = 2
+DEVICE_NAME = f"{platform.machine()} CPU, {os.cpu_count()} cores"
+# Part 1: a small MLP with awkward widths, a few SGD steps.
+IN_FEATURES, HIDDEN, OUT_FEATURES = 13, 37, 7
+GLOBAL_BATCH = 46  # 23 rows per rank
+STEPS = 6
+LEARNING_RATE = 0.2
+# Part 2: layers large enough that backward takes tens of milliseconds.
+DDP_WIDTH, DDP_LAYERS, DDP_BATCH = 512, 6, 512
+BUCKET_CAP_MB = 1  # the default is 25; smaller, so that this model needs several buckets
+DDP_STEPS = 3
+print(f"backend: gloo (loopback, CPU ranks)   world size: {WORLD_SIZE}   device: {DEVICE_NAME}")
+
+
+def small_mlp(dtype):
+    torch.manual_seed(0)  # every rank, and the reference, start from the same weights
+    return nn.Sequential(nn.Linear(IN_FEATURES, HIDDEN, dtype=dtype), nn.GELU(),
+                         nn.Linear(HIDDEN, OUT_FEATURES, dtype=dtype))
+
+
+def global_batch(step, dtype):
+    """The whole batch of one step; every rank draws it and keeps its own slice."""
+    generator = torch.Generator().manual_seed(100 + step)
+    inputs = torch.randn(GLOBAL_BATCH, IN_FEATURES, generator=generator, dtype=dtype)
+    targets = torch.randn(GLOBAL_BATCH, OUT_FEATURES, generator=generator, dtype=dtype)
+    return inputs, targets
+
+
+def sgd_step(model, learning_rate):
+    with torch.no_grad():
+        for param in model.parameters():
+            param -= learning_rate * param.grad
+
+
+def flat_weights(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+# %%
+# Data parallel by hand
+# ---------------------
+# The loss is the mean over the batch, so its gradient is the mean of the
+# per-row gradients. Split the batch into equal slices, one per rank: each
+# rank's gradient of its own mean loss is the mean over its slice, and the
+# mean of those over the ranks is the gradient of the whole batch. One
+# all-reduce (a sum) and a division by the world size compute it. Every rank
+# then holds the same gradient, takes the same step, and keeps the same weights
+# as one process that saw the whole batch.
+#
+# The worker also trains a copy that skips the all-reduce, as a bug would:
+# each rank then follows the gradient of its own half of the data.
+
+
+def data_parallel_step(model, inputs, targets, world_size, synchronise):
+    loss = F.mse_loss(model(inputs), targets)  # the mean over this rank's slice
+    model.zero_grad()
+    loss.backward()
+    if synchronise:
+        for param in model.parameters():
+            dist.all_reduce(param.grad)  # the sum of the ranks' gradients ...
+            param.grad /= world_size  # ... and their mean: the whole batch's gradient
+    sgd_step(model, LEARNING_RATE)
+
+
+def data_parallel_worker(rank, world_size, dtype, synchronise):
+    model = small_mlp(dtype)
+    rows = GLOBAL_BATCH // world_size
+    history = []
+    for step in range(STEPS):
+        inputs, targets = global_batch(step, dtype)
+        mine = slice(rank * rows, (rank + 1) * rows)
+        data_parallel_step(model, inputs[mine], targets[mine], world_size, synchronise)
+        history.append(flat_weights(model))
+    return history
+
+
+def single_process_history(dtype):
+    """The reference: one process, the whole batch at every step."""
+    model = small_mlp(dtype)
+    history = []
+    for step in range(STEPS):
+        inputs, targets = global_batch(step, dtype)
+        loss = F.mse_loss(model(inputs), targets)
+        model.zero_grad()
+        loss.backward()
+        sgd_step(model, LEARNING_RATE)
+        history.append(flat_weights(model))
+    return history
+
+
+def relative_difference(a, b):
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+# %%
+# Same weights, in float64 and float32
+# ------------------------------------
+# The sums are not done in the same order: the single process adds all 46 rows
+# in one matrix product, data parallel adds 23 on each rank and then the two
+# partial sums. Floating-point addition is not associative, so the weights
+# may differ in the last bits, and they are checked to a tolerance scaled to
+# the weights: in ``float64``, 1e-12 of the largest weight (each step can add a
+# few units of 1.1e-16); in ``float32``, 64 units of its rounding step,
+# 1.2e-7, of the largest weight. A missing all-reduce, a missing division by
+# the world size or a wrong slice each change the weights by orders of
+# magnitude more, as the copy without the all-reduce shows.
+
+TOLERANCES = {torch.float64: 1e-12, torch.float32: 64 * torch.finfo(torch.float32).eps}
+
+
+def check_data_parallel():
+    differences = {}
+    for dtype, tolerance in TOLERANCES.items():
+        reference = single_process_history(dtype)
+        for synchronise in (True, False):
+            ranks = run_ranks(data_parallel_worker, WORLD_SIZE, dtype, synchronise)
+            differences[dtype, synchronise] = [relative_difference(w, ref) for w, ref in zip(ranks[0], reference)]
+            if not synchronise:
+                continue
+            for rank, history in enumerate(ranks):
+                final, expected = history[-1], reference[-1]
+                scale = expected.abs().max().item()
+                torch.testing.assert_close(final, expected, rtol=0, atol=tolerance * scale,
+                                           msg=lambda m, r=rank, d=dtype: f"{d}, rank {r}: {m}")
+            print(f"{str(dtype).removeprefix('torch.'):8s} data parallel = single process after {STEPS} steps:"
+                  f" largest difference {differences[dtype, True][-1]:.1e} of the largest weight"
+                  f" (tolerance {tolerance:.1e})")
+        print(f"{'':8s} without the all-reduce, rank 0's weights differ by"
+              f" {differences[dtype, False][-1]:.1e} of the largest weight")
+    return differences
+
+
+if CAN_RUN_RANKS:
+    DIFFERENCES = check_data_parallel()
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    steps = range(1, STEPS + 1)
+    for (dtype, synchronise), values in DIFFERENCES.items():
+        name = str(dtype).removeprefix("torch.")
+        label = f"{name}, all-reduce" if synchronise else f"{name}, no all-reduce (a bug)"
+        ax.plot(steps, [max(v, 1e-18) for v in values], "o-" if synchronise else "x--", label=label)
+    for dtype, tolerance in TOLERANCES.items():
+        ax.axhline(tolerance, color="grey", linewidth=0.8, linestyle=":")
+        ax.annotate(f"{str(dtype).removeprefix('torch.')} tolerance", (STEPS, tolerance), fontsize="x-small",
+                    ha="right", va="bottom", color="grey")
+    ax.set_yscale("log")
+    ax.set_xlabel("SGD step")
+    ax.set_ylabel("max |w_DP - w_single| / max |w_single|")
+    ax.set_title(f"Data parallel against one process, {WORLD_SIZE} ranks, gloo, {DEVICE_NAME}",
+                 fontsize="medium")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False, fontsize="small")
+    fig.tight_layout()
+else:
+    skip_or_fail("data parallel by hand", "distributed", WHY_NOT)
+
+# %%
+# DistributedDataParallel: gradient buckets
+# -----------------------------------------
+# All-reducing every parameter separately pays the collective's fixed cost
+# once per tensor; all-reducing them all at the end waits for the whole
+# backward pass. ``DistributedDataParallel`` (DDP) groups the gradients into
+# *buckets* of about ``bucket_cap_mb`` megabytes, in reverse order of the
+# parameters, which is roughly the order in which backward produces them, and
+# starts a bucket's all-reduce as soon as its last gradient is ready.
+#
+# DDP fills a bucket until it holds at least ``bucket_cap_mb`` MiB, then starts
+# the next. Our model is six 512 x 512 layers, 1 MiB of weights and 2 KiB of
+# bias each; with a 1 MiB cap, we predict one bucket per layer. A
+# communication hook sees every bucket as DDP hands it over; ours records which
+# parameters it holds, then calls DDP's default all-reduce.
+
+
+def ddp_model():
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(DDP_LAYERS):
+        layers += [nn.Linear(DDP_WIDTH, DDP_WIDTH), nn.GELU()]
+    return nn.Sequential(*layers)
+
+
+def ddp_batch(step):
+    generator = torch.Generator().manual_seed(200 + step)
+    return (torch.randn(DDP_BATCH, DDP_WIDTH, generator=generator),
+            torch.randn(DDP_BATCH, DDP_WIDTH, generator=generator))
+
+
+def recording_allreduce_hook(calls, names):
+    def hook(state, bucket):
+        calls.append((bucket.index(), bucket.buffer().numel(),
+                      [names[p.data_ptr()] for p in bucket.parameters()]))
+        return default_hooks.allreduce_hook(None, bucket)  # DDP's default: sum, divide by world size
+    return hook
+
+
+def ddp_worker(rank, world_size):
+    model = ddp_model()
+    names = {p.data_ptr(): name for name, p in model.named_parameters()}
+    ddp = DistributedDataParallel(model, bucket_cap_mb=BUCKET_CAP_MB)
+    calls = []
+    ddp.register_comm_hook(None, recording_allreduce_hook(calls, names))
+    rows = DDP_BATCH // world_size
+    mine = slice(rank * rows, (rank + 1) * rows)
+    buckets_per_step = []
+    for step in range(DDP_STEPS):
+        inputs, targets = ddp_batch(step)
+        calls.clear()
+        F.mse_loss(ddp(inputs[mine]), targets[mine]).backward()
+        buckets_per_step.append(list(calls))
+        sgd_step(ddp.module, LEARNING_RATE)
+        ddp.zero_grad()
+    # One more backward, under the profiler: its events are the timeline below.
+    inputs, targets = ddp_batch(DDP_STEPS)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        F.mse_loss(ddp(inputs[mine]), targets[mine]).backward()
+    events = [(e.name, e.thread, e.time_range.start, e.time_range.end) for e in profile.events()
+              if e.name.startswith(("autograd::engine::evaluate_function:", "gloo:"))]
+    return {"weights": flat_weights(ddp.module), "buckets": buckets_per_step, "events": events}
+
+
+def ddp_reference_weights():
+    model = ddp_model()
+    for step in range(DDP_STEPS):
+        inputs, targets = ddp_batch(step)
+        model.zero_grad()
+        F.mse_loss(model(inputs), targets).backward()
+        sgd_step(model, LEARNING_RATE)
+    return flat_weights(model)
+
+
+def predicted_bucket_count(model, cap_mb):
+    """Fill buckets in reverse order of the parameters, closing each at ``cap_mb`` MiB."""
+    count, filled = 0, 0
+    for param in reversed(list(model.parameters())):
+        if filled == 0:
+            count += 1
+        filled += param.numel() * param.element_size()
+        if filled >= cap_mb * 2**20:
+            filled = 0
+    return count
+
+
+def check_buckets(buckets_per_step, parameter_names):
+    """Every step hands each parameter to exactly one bucket, one hook call per bucket."""
+    for step, calls in enumerate(buckets_per_step):
+        held = [name for _, _, names in calls for name in names]
+        if sorted(held) != sorted(parameter_names):
+            raise AssertionError(f"step {step}: the buckets hold {sorted(held)}")
+        if sorted(index for index, _, _ in calls) != list(range(len(calls))):
+            raise AssertionError(f"step {step}: bucket indices {[c[0] for c in calls]}")
+
+
+if CAN_RUN_RANKS:
+    DDP_RANKS = run_ranks(ddp_worker, WORLD_SIZE)
+    parameter_names = [name for name, _ in ddp_model().named_parameters()]
+    check_buckets(DDP_RANKS[0]["buckets"], parameter_names)
+    last_step = DDP_RANKS[0]["buckets"][-1]
+    predicted = predicted_bucket_count(ddp_model(), BUCKET_CAP_MB)
+    if len(last_step) != predicted:
+        raise AssertionError(f"DDP made {len(last_step)} buckets; we predicted {predicted}")
+    print(f"predicted {predicted} buckets; DDP made {len(last_step)}, in this order (step {DDP_STEPS}):")
+    for index, numel, names in last_step:
+        print(f"  bucket {index}: {numel * 4 / 2**20:5.2f} MiB  {', '.join(names)}")
+    reference = ddp_reference_weights()
+    for rank, result in enumerate(DDP_RANKS):
+        torch.testing.assert_close(result["weights"], reference, rtol=0,
+                                   atol=TOLERANCES[torch.float32] * reference.abs().max().item())
+    print(f"DDP weights = single-process weights after {DDP_STEPS} steps, on both ranks (float32 tolerance)")
+else:
+    skip_or_fail("DistributedDataParallel", "distributed", WHY_NOT)
+
+# %%
+# Overlap: the all-reduces run during the backward pass
+# -----------------------------------------------------
+# The profiler recorded rank 0's fourth backward pass: the autograd engine's
+# functions on the training thread, and gloo's all-reduces on gloo's own
+# threads. If DDP waited for the backward pass to finish, every all-reduce
+# would start after the last backward function; we assert that the first one
+# starts before it, and measure how much of the communication the backward
+# pass hid.
+
+
+def overlap_summary(events):
+    backward = [(start, end) for name, _, start, end in events if name.startswith("autograd::")]
+    allreduce = sorted((start, end, thread) for name, thread, start, end in events if name == "gloo:all_reduce")
+    if not backward or not allreduce:
+        raise AssertionError(f"the profile holds {len(backward)} backward and {len(allreduce)} all-reduce events")
+    origin, backward_end = min(s for s, _ in backward), max(e for _, e in backward)
+    hidden = sum(max(0.0, min(end, backward_end) - start) for start, end, _ in allreduce)
+    total = sum(end - start for start, end, _ in allreduce)
+    return origin, backward_end, backward, allreduce, hidden, total
+
+
+if CAN_RUN_RANKS:
+    origin, backward_end, backward, allreduce, hidden, total = overlap_summary(DDP_RANKS[0]["events"])
+    first_allreduce = allreduce[0][0]
+    if not first_allreduce < backward_end:
+        raise AssertionError("the first all-reduce started only after the backward pass had ended")
+    print(f"backward pass: {(backward_end - origin) / 1e3:.1f} ms; first all-reduce starts at"
+          f" {(first_allreduce - origin) / 1e3:.1f} ms")
+    print(f"all-reduce time: {total / 1e3:.1f} ms in {len(allreduce)} calls, of which {hidden / 1e3:.1f} ms"
+          f" ({100 * hidden / total:.0f} %) ran while the backward pass was still computing")
+    exposed = max(0.0, max(end for _, end, _ in allreduce) - backward_end)
+    print(f"communication left after the backward pass: {exposed / 1e3:.1f} ms")
+
+    gloo_threads = sorted({thread for _, _, thread in allreduce})
+    labels = ["backward (training thread)"] + [f"all-reduce (gloo thread {i + 1})" for i in range(len(gloo_threads))]
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.7 * len(labels)))
+    ax.broken_barh([((s - origin) / 1e3, (e - s) / 1e3) for s, e in backward], (-0.35, 0.7),
+                   facecolors="C0", edgecolors="white", linewidth=0.5)
+    for bucket, (start, end, thread) in enumerate(allreduce):  # in order of start: bucket 0 first
+        y = 1 + gloo_threads.index(thread)
+        ax.broken_barh([((start - origin) / 1e3, (end - start) / 1e3)], (y - 0.35, 0.7),
+                       facecolors="C1" if bucket % 2 == 0 else "C3", edgecolors="white")
+        ax.text((start + end - 2 * origin) / 2e3, y, f"b{bucket}", ha="center", va="center",
+                fontsize="x-small", color="white")
+    ax.axvline((backward_end - origin) / 1e3, color="grey", linestyle="--", linewidth=1)
+    ax.annotate("backward ends", ((backward_end - origin) / 1e3, len(labels) - 0.55), fontsize="small",
+                ha="right", color="grey")
+    ax.set_yticks(range(len(labels)), labels=labels)
+    ax.set_ylim(-0.6, len(labels) - 0.3)
+    ax.set_xlabel("time since the backward pass began (ms)")
+    ax.set_title(f"DDP on rank 0: {len(last_step)} buckets, gloo, {DEVICE_NAME}", fontsize="medium")
+    fig.tight_layout()
+
+# %%
+# Reading the result
+# ------------------
+# Data parallel changes where the gradient is computed, not what it is: the
+# first figure shows the weights of the two ways agreeing to within rounding
+# at every step, in both precisions, while the copy that skips the all-reduce
+# drifts away from the first step on. That is the test to keep for any data
+# parallel code: train a few steps against one process on the whole batch.
+#
+# DDP adds two things that change the time, not the result. Buckets turn one
+# all-reduce per tensor into a few larger ones, each paying the fixed cost
+# alpha of :ref:`sphx_glr_auto_examples_lecture07_parallelism_01_collectives.py`
+# once. And the timeline shows buckets all-reduced while backward is still
+# computing the gradients of earlier layers; only what remains after the
+# last backward function, the all-reduce of the last bucket among them, adds
+# to the step time. On GPUs the same schedule runs on a separate CUDA stream
+# with NCCL; on this CPU the gloo threads and the training thread share two
+# cores with the other rank, so the overlap here shows the order of events,
+# not a speed-up. Example 03 keeps the same gradients but stops keeping a full
+# copy of everything on every rank.
+
+# %%
+# Key figures
+# -----------
+# The numbers this example exists to measure, collected for the course's GPU check.
+
+if CAN_RUN_RANKS:
+    KEY_FIGURES = {
+        "device": DEVICE_NAME,
+        "world_size": WORLD_SIZE,
+        "float64_relative_difference": DIFFERENCES[torch.float64, True][-1],
+        "float32_relative_difference": DIFFERENCES[torch.float32, True][-1],
+        "ddp_buckets": len(last_step),
+        "allreduce_hidden_fraction": hidden / total,
+    }
