@@ -198,9 +198,10 @@ fig.tight_layout()
 #
 # We also count the bytes of the distinct storages behind those tensors. FSDP
 # *pads* each parameter's shard to ``ceil(rows / N)`` rows on every rank,
-# because all-gather needs pieces of equal size; the parameters' storage is
-# therefore the padded size, on every rank, while Adam's moments are made
-# from the unpadded shard. The same count on the DDP run shows the full copy.
+# because all-gather needs pieces of equal size, so the parameters' storage is
+# the padded size on every rank (asserted). Whether the gradients and Adam's
+# moments are padded too depends on the FSDP version: the ``stored`` column
+# shows this one's. The same count on the DDP run shows the full copy.
 
 
 def rows_on_rank(rows, rank, ranks):
