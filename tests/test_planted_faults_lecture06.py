@@ -1,4 +1,4 @@
-"""Every claim that lecture 6's examples 05 and 06 assert makes them raise when it fails.
+"""Every claim that lecture 6's examples 05, 06 and 08 assert makes them raise when it fails.
 
 The checks are small functions in the examples. Here they are read out of the
 example's source (without running the example), passed good data, which they
@@ -207,3 +207,132 @@ def test_max_autotune_options_are_asserted(compile_checks):
     with_graphs = {**options, "max-autotune-no-cudagraphs": options["max-autotune"]}
     with pytest.raises(AssertionError):
         check(with_graphs)
+
+
+# Example 08: kernels inside the compiler.
+
+KERNELS_EXAMPLE = EXAMPLES / "08_kernels_in_the_compiler.py"
+
+
+@pytest.fixture(scope="module")
+def kernel_checks():
+    checks = definitions(KERNELS_EXAMPLE, "step_reference", "check_against_float64",
+                         "check_opaque_call", "check_kernel_inlined", "check_cudagraph_skips",
+                         "alibi_slopes", "alibi_score", "causal_window", "alibi_window_bias",
+                         "check_attention", "compiled_graphs", "check_trace")
+    checks.update(ALPHA=2.5, WINDOW=7)  # the example's constants, one of them smaller
+    return checks
+
+
+OPAQUE_CODE = "buf0 = torch.ops.course.scaled_add_opaque.default(arg0_1, arg1_1, 2.5)\n"
+VISIBLE_CODE = "@triton.jit\ndef scaled_add_kernel(x_ptr, y_ptr, out_ptr, n, alpha, BLOCK):\n"
+
+
+def test_the_generated_code_must_show_how_the_operator_was_compiled(kernel_checks):
+    kernel_checks["check_opaque_call"](OPAQUE_CODE)
+    kernel_checks["check_kernel_inlined"](VISIBLE_CODE)
+    with pytest.raises(AssertionError):
+        kernel_checks["check_opaque_call"](VISIBLE_CODE)
+    with pytest.raises(AssertionError):
+        kernel_checks["check_opaque_call"](OPAQUE_CODE + VISIBLE_CODE)
+    with pytest.raises(AssertionError):
+        kernel_checks["check_kernel_inlined"](OPAQUE_CODE)
+
+
+def test_a_scaled_add_a_thousandth_off_is_refused(kernel_checks):
+    x, y = torch.randn(4097), torch.randn(4097)
+    right = torch.relu(2.5 * x + y) * 3 + 1
+    kernel_checks["check_against_float64"](right, x, y)
+    wrong = torch.relu(2.5 * x + y * (1 + 2 ** -10)) * 3 + 1  # y off by about 0.1 %
+    with pytest.raises(AssertionError):
+        kernel_checks["check_against_float64"](wrong, x, y)
+
+
+def test_cuda_graph_skips_are_asserted_on_each_device(kernel_checks):
+    check = kernel_checks["check_cudagraph_skips"]
+    check(0, on_gpu=True)
+    check(1, on_gpu=False)
+    with pytest.raises(AssertionError):
+        check(1, on_gpu=True)
+    with pytest.raises(AssertionError):
+        check(0, on_gpu=False)
+
+
+@pytest.mark.parametrize("planted", ["slopes", "window"])
+def test_flex_attention_with_a_wrong_bias_or_window_is_refused(kernel_checks, planted):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    checks = kernel_checks
+    torch.manual_seed(0)
+    shape = (1, 3, 37, 8)
+    q, k, v = (torch.randn(shape) for _ in range(3))
+    slopes = checks["alibi_slopes"](3, "cpu")
+    bias = checks["alibi_window_bias"](37, slopes.double())
+    reference = torch.nn.functional.scaled_dot_product_attention(
+        q.double(), k.double(), v.double(), attn_mask=bias)
+    mask = create_block_mask(checks["causal_window"], None, None, 37, 37, device="cpu")
+    right = flex_attention(q, k, v, score_mod=checks["alibi_score"](slopes), block_mask=mask)
+    checks["check_attention"](right, reference)
+    if planted == "slopes":  # the bias of the next head's slope
+        wrong = flex_attention(q, k, v, score_mod=checks["alibi_score"](slopes / 2 ** (8 / 3)),
+                               block_mask=mask)
+    else:  # one key too many in the window
+
+        def one_more_key(batch, head, query_index, key_index):
+            return (checks["causal_window"](batch, head, query_index, key_index)
+                    | (query_index - key_index == 7))
+
+        wrong_mask = create_block_mask(one_more_key, None, None, 37, 37, device="cpu")
+        wrong = flex_attention(q, k, v, score_mod=checks["alibi_score"](slopes),
+                               block_mask=wrong_mask)
+    with pytest.raises(AssertionError):
+        checks["check_attention"](wrong, reference)
+
+
+def trace_rows(recompile_reason="1/0: activation == 'sin'",
+               resume="torch_dynamo_resume_in_breaks_once_at_5"):
+    return [("0/0", "breaks_once", ["sum"], 8, None), ("1/0", resume, ["sin"], 13, None),
+            ("1/1", resume, ["cos"], 13, recompile_reason)]
+
+
+GRAPH_BREAK = ({"artifact": {"name": "dynamo_graph_break_reason"}},
+               "Unsupported Tensor.item() call with capture_scalar_outputs=False")
+
+
+@pytest.mark.parametrize("rows, entries", [
+    (trace_rows()[:2], [GRAPH_BREAK]),
+    (trace_rows(recompile_reason="1/0: ___stack0 == -2.55"), [GRAPH_BREAK]),
+    (trace_rows(resume="breaks_once"), [GRAPH_BREAK]),
+    (trace_rows(), []),
+])
+def test_the_trace_must_show_the_break_the_resume_function_and_the_failed_guard(
+        kernel_checks, rows, entries):
+    kernel_checks["check_trace"](trace_rows(), [GRAPH_BREAK])
+    with pytest.raises(AssertionError):
+        kernel_checks["check_trace"](rows, entries)
+
+
+def test_the_trace_is_read_into_one_row_per_graph(kernel_checks):
+    entries = [({"dynamo_output_graph": {}}, "    sum_1 = l_x_.sum();  l_x_ = None\n"),
+               ({"compilation_metrics": {"compile_id": "0/0", "co_name": "f", "guard_count": 8}},
+                "")]
+    assert kernel_checks["compiled_graphs"](entries) == [("0/0", "f", ["sum"], 8, None)]
+
+
+# Example 08, run: a Triton kernel that computes alpha * (x + y) fails its first check.
+
+def test_a_wrong_kernel_fails_example_08(tmp_path):
+    source = KERNELS_EXAMPLE.read_text()
+    anchor = "tl.store(out_ptr + offsets, alpha * x + y, mask=inside)"
+    assert source.count(anchor) == 1
+    first_part = source[:source.index("# %%\n# 2. CUDA graphs")]  # setup and section 1
+    scratch = tmp_path / KERNELS_EXAMPLE.name
+    scratch.write_text(first_part.replace(anchor, anchor.replace("alpha * x + y",
+                                                                 "alpha * (x + y)")))
+    env = {**os.environ, "TRITON_INTERPRET": "1", "MPLBACKEND": "Agg", "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, str(scratch)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode != 0, done.stdout[-2000:]
+    assert "check_against_float64" in done.stderr
+    assert "AssertionError" in done.stderr
+    assert "match float64" not in done.stdout
