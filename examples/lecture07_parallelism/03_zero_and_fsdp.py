@@ -80,6 +80,7 @@ import platform
 
 import matplotlib.pyplot as plt
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
@@ -284,11 +285,13 @@ def rank_rows(tensor, rank):
     return tensor[rank * ROWS_PER_RANK:(rank + 1) * ROWS_PER_RANK]
 
 
-def shard_with_fsdp(model, reshard_after_forward):
+def shard_with_fsdp(model, world_size, reshard_after_forward):
     """ZeRO-3 (reshard after forward) or ZeRO-2 (keep the gathered weights until backward)."""
+    # A CPU mesh, named: by default FSDP would pick a GPU where there is one.
+    mesh = init_device_mesh("cpu", (world_size,))
     for layer in linear_layers(model):
-        fully_shard(layer, reshard_after_forward=reshard_after_forward)
-    return fully_shard(model, reshard_after_forward=reshard_after_forward)
+        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    return fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
 
 
 def one_step(rank, world_size, stage, model, inputs, targets):
@@ -296,7 +299,7 @@ def one_step(rank, world_size, stage, model, inputs, targets):
     if stage == "DDP":
         wrapped = DistributedDataParallel(model, gradient_as_bucket_view=True)
     else:
-        wrapped = shard_with_fsdp(model, reshard_after_forward=(stage == "ZeRO-3"))
+        wrapped = shard_with_fsdp(model, world_size, reshard_after_forward=(stage == "ZeRO-3"))
     optimizer = torch.optim.Adam(wrapped.parameters(), lr=LEARNING_RATE)
     recorder = CollectiveRecorder()
     with recorder:
@@ -474,7 +477,7 @@ print(f"ZeRO-3 sends {zero3_over_ddp:.3f} x DDP's bytes (1.5 x, plus padding)")
 
 
 def train_sharded(rank, world_size, model, inputs, targets):
-    model = shard_with_fsdp(model, reshard_after_forward=True)
+    model = shard_with_fsdp(model, world_size, reshard_after_forward=True)
     optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
     for _ in range(TRAIN_STEPS):
         optimizer.zero_grad()
