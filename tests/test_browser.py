@@ -145,6 +145,7 @@ def test_html_lang(served, browser, edition, lang):
 
 @pytest.mark.parametrize("edition, query, expected", [
     ("en", "roofline", "lectures/lecture05_gpus.html"),
+    ("en", "bubble", "lectures/lecture07_parallelism.html"),
     ("zh_CN", "核函数", "lectures/lecture06_kernels_triton.html"),
     ("zh_CN", "融合", "lectures/lecture05_gpus.html"),
     ("zh_CN", "图中断", "lectures/lecture06_kernels_triton.html"),
