@@ -144,8 +144,8 @@ if not ON_GPU:
 # 1. A Triton kernel inside a compiled function
 # ---------------------------------------------
 # **Predict.** Dynamo cannot trace into a kernel launch the way it traces PyTorch
-# operations: the kernel body is not Python that runs on tensors. Two ways register
-# it as an operator with a known output, so that the function compiles as one graph:
+# operations: the kernel body is not Python that runs on tensors. Two ways make it an
+# operator with a known output, so that the function compiles as one graph:
 #
 # * ``torch.library.custom_op`` makes an **opaque** operator. We give it a *fake*
 #   implementation (the shape and dtype of the output); Inductor calls it as an
@@ -778,8 +778,8 @@ print("  a guard of the first graph: "
 # mask is where the speed of a sparse pattern comes from: the kernel skips the tiles
 # that the line above counts as not visited, which a dense mask given to SDPA cannot
 # do. On a GPU, the table compares it with SDPA given the same scores as a tensor, and
-# with SDPA's causal kernel, which computes less (no bias, no window) and bounds what
-# a fused kernel can reach.
+# with SDPA's causal kernel: hand-written, with neither bias nor window, but visiting
+# every tile on or below the diagonal, so a reference point rather than the same work.
 #
 # **Troubleshooting.** Graph-break and recompile logs say why Dynamo split or retraced;
 # ``torch.compiler.disable`` fences off code on purpose, at the price of one more
