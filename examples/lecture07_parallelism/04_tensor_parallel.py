@@ -190,7 +190,7 @@ print(f"tensor parallel sends more than data parallel above {crossover_tokens:.0
 # %%
 # The block by hand
 # -----------------
-# The two conjugate operators are ``autograd.Function`` s of four lines each.
+# The two conjugate operators are ``autograd.Function`` classes of a few lines each.
 # Each rank slices its part out of the *same* full block (the ranks are forked
 # from this process, so they all see the weights drawn above), which lets us
 # compare every shard with the matching slice of the full gradients.
