@@ -160,7 +160,7 @@ for name, model in LLAMA2.items():
 # of BF16 gradients and 12 of FP32 master weights and moments per parameter
 # (ZeRO's accounting); TP and PP divide all three, ZeRO stage 1, 2 and 3 then
 # divide the optimizer state, the gradients and the weights by :math:`d`.
-# Activations follow Korthikanti et al. (2022): with tensor and sequence
+# Activations follow Korthikanti et al. (2023): with tensor and sequence
 # parallelism and selective recomputation a layer keeps :math:`34\,sbh/t`
 # bytes per micro-batch (:math:`s` tokens, :math:`b` sequences, width
 # :math:`h`); with full recomputation it keeps only its input,
@@ -342,7 +342,7 @@ fig.tight_layout()
 # ------------------------------------
 # We cannot measure the cluster, but we can test the model's method on the
 # machine at hand. Two gloo ranks first time all-reduces over a range of
-# sizes; a least-squares fit of :math:`t = 2(n-1)\alpha + 2\frac{n-1}{n}S\beta`
+# sizes; a least-squares fit of :math:`t = 2(n-1)\alpha + 2\frac{n-1}{n}S/\beta`
 # (relative errors, so small and large messages count alike) gives this
 # machine's :math:`\alpha` and :math:`\beta`. From them we *predict* the
 # communication of two steps before running them:
@@ -477,12 +477,12 @@ def steps_worker(rank, world_size, dp_model, dp_inputs, dp_targets, tp_blocks, t
 
 
 def fit_alpha_beta(sweep, ranks):
-    """Least squares on relative error: t_i ~ 2(n-1) alpha + 2(n-1)/n S_i beta."""
+    """Least squares on relative error: t_i ~ 2(n-1) alpha + 2(n-1)/n S_i / beta; returns (s, B/s)."""
     sizes = torch.tensor(list(sweep), dtype=torch.float64)
     seconds = torch.tensor(list(sweep.values()), dtype=torch.float64)
     design = torch.stack([torch.full_like(sizes, 2.0 * (ranks - 1)), 2 * (ranks - 1) / ranks * sizes], 1)
-    alpha, beta = torch.linalg.lstsq(design / seconds[:, None], torch.ones_like(seconds)).solution
-    return alpha.item(), beta.item()
+    alpha, seconds_per_byte = torch.linalg.lstsq(design / seconds[:, None], torch.ones_like(seconds)).solution
+    return alpha.item(), 1 / seconds_per_byte.item()
 
 
 def mlp(widths):
@@ -498,14 +498,14 @@ if CAN_RUN_RANKS:
     sweep = {nbytes: collective_seconds([[[t] for t in logs[nbytes]] for logs in sweep_logs])
              for nbytes in SWEEP_BYTES}
     alpha, beta = fit_alpha_beta(sweep, CHECK_RANKS)
-    print(f"fitted on this machine: alpha = {1e6 * alpha:.1f} us, 1/beta = {1e-9 / beta:.2f} GB/s "
+    print(f"fitted on this machine: alpha = {1e6 * alpha:.1f} us, beta = {beta / 1e9:.2f} GB/s "
           f"(gloo, loopback, {CHECK_RANKS} ranks)")
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
     sizes = list(sweep)
     ax.plot(sizes, [1e3 * t for t in sweep.values()], "o", label="measured all-reduce")
-    ax.plot(sizes, [1e3 * ring_time("all_reduce", CHECK_RANKS, n, alpha, 1 / beta) for n in sizes],
-            label=f"fit: alpha = {1e6 * alpha:.0f} us, 1/beta = {1e-9 / beta:.2f} GB/s")
+    ax.plot(sizes, [1e3 * ring_time("all_reduce", CHECK_RANKS, n, alpha, beta) for n in sizes],
+            label=f"fit: alpha = {1e6 * alpha:.0f} us, beta = {beta / 1e9:.2f} GB/s")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("message size (bytes)")
@@ -520,10 +520,9 @@ if CAN_RUN_RANKS:
                   torch.randn(TP_FFN, TP_WIDTH) / TP_FFN ** 0.5) for _ in range(TP_BLOCKS)]
     tp_inputs = torch.randn(TP_ROWS, TP_WIDTH)
     predicted = {
-        "DP": sum(ring_time("all_reduce", CHECK_RANKS, 4 * p.numel(), alpha, 1 / beta)
+        "DP": sum(ring_time("all_reduce", CHECK_RANKS, 4 * p.numel(), alpha, beta)
                   for p in dp_model.parameters()),
-        "TP": 2 * TP_BLOCKS * ring_time("all_reduce", CHECK_RANKS, 4 * TP_ROWS * TP_WIDTH, alpha,
-                                        1 / beta),
+        "TP": 2 * TP_BLOCKS * ring_time("all_reduce", CHECK_RANKS, 4 * TP_ROWS * TP_WIDTH, alpha, beta),
     }
     print("predicted communication per step: "
           + ", ".join(f"{kind} {1e3 * seconds:.2f} ms" for kind, seconds in predicted.items()))
@@ -600,6 +599,6 @@ if CAN_RUN_RANKS:
 KEY_FIGURES = {"device": DEVICE_NAME}
 KEY_FIGURES.update({f"pick_{job.replace(' ', '_')}": layout_name(pick) for job, pick in picks.items()})
 if CAN_RUN_RANKS:
-    KEY_FIGURES.update({"alpha_us": 1e6 * alpha, "bandwidth_GBps": 1e-9 / beta,
+    KEY_FIGURES.update({"alpha_us": 1e6 * alpha, "bandwidth_GBps": beta / 1e9,
                         **{f"{kind}_comm_predicted_ms": 1e3 * t for kind, t in predicted.items()},
                         **{f"{kind}_comm_measured_ms": 1e3 * t for kind, t in measured.items()}})
