@@ -254,13 +254,17 @@ else:
 # All-reducing every parameter separately pays the collective's fixed cost
 # once per tensor; all-reducing them all at the end waits for the whole
 # backward pass. ``DistributedDataParallel`` (DDP) groups the gradients into
-# *buckets* of about ``bucket_cap_mb`` megabytes, in reverse order of the
-# parameters, which is roughly the order in which backward produces them, and
-# starts a bucket's all-reduce as soon as its last gradient is ready.
+# *buckets* of about ``bucket_cap_mb`` MiB (25 by default), in reverse order of
+# the parameters, which is roughly the order in which backward produces them,
+# and starts a bucket's all-reduce as soon as its last gradient is ready.
 #
 # DDP fills a bucket until it holds at least ``bucket_cap_mb`` MiB, then starts
-# the next. Our model is six 512 x 512 layers, 1 MiB of weights and 2 KiB of
-# bias each; with a 1 MiB cap, we predict one bucket per layer. A
+# the next (with the default cap, the first bucket is held to 1 MiB). It does so
+# from the second step on: the first step all-reduces every gradient as one
+# bucket and records the order in which they became ready, and DDP then builds
+# its buckets in that order. Our model is six 512 x 512 layers, 1 MiB of weights
+# and 2 KiB of bias each; with a 1 MiB cap, we predict one bucket per layer in
+# the last step. A
 # communication hook sees every bucket as DDP hands it over; ours records which
 # parameters it holds, then calls DDP's default all-reduce.
 
