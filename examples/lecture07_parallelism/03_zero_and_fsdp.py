@@ -186,16 +186,16 @@ fig.tight_layout()
 # %%
 # Measure: the bytes each rank holds
 # ----------------------------------
-# FSDP2 (Zhao et al., 2023, rewritten on DTensor) is PyTorch's ZeRO-3:
-# ``fully_shard`` on each layer turns its parameters into DTensors, each rank
-# keeping one piece of dimension 0, cut as ``torch.chunk`` cuts: ``ceil(rows /
-# N)`` rows per rank, fewer on the last. We run it in plain fp32 (no mixed
-# precision, so no master copy: 4 bytes of weight, 4 of gradient, 8 of Adam
-# moments per parameter) and count, after one training step, the bytes of
-# every rank's local shards: the parameters, their gradients and Adam's
-# moments (``DTensor.to_local()``; Adam's one-element step counters are left
-# out). That is what this page measures: tensors, not the allocator, so the
-# numbers are exact and the same on any machine.
+# FSDP2, the FSDP of Zhao et al. (2023) rewritten on DTensor, is PyTorch's
+# ZeRO-3: ``fully_shard`` on each layer turns its parameters into DTensors,
+# each rank keeping one piece of dimension 0, cut as ``torch.chunk`` cuts:
+# ``ceil(rows / N)`` rows per rank, fewer (or none) on the last ranks. We run
+# it in plain fp32 (no mixed precision, so no master copy: 4 bytes of weight,
+# 4 of gradient, 8 of Adam moments per parameter) and count, after one
+# training step, the bytes of every rank's local shards: the parameters, their
+# gradients and Adam's moments (``DTensor.to_local()``; Adam's one-element
+# step counters are left out). That is what this page measures: tensors, not
+# the allocator, so the numbers are exact and the same on any machine.
 #
 # We also count the bytes of the distinct storages behind those tensors. FSDP
 # *pads* each parameter's shard to ``ceil(rows / N)`` rows on every rank,
