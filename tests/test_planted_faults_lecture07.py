@@ -113,3 +113,41 @@ def test_a_wrong_batch_shard_offset_fails_example_03(tmp_path):
     assert "= one process" not in done.stdout
     assert "AssertionError" in done.stderr
     assert "rank 0 0.weight" in done.stderr
+
+
+# Examples 05 and 06 (pipeline, layout): stages out of order, gradients not averaged, lost all-reduces.
+
+PIPELINE_EXAMPLE = EXAMPLES / "05_pipeline_parallel.py"
+LAYOUT_EXAMPLE = EXAMPLES / "06_choosing_a_layout.py"
+
+
+@pytest.mark.parametrize(("anchor", "planted", "named"), [
+    ("        module = stage_slice(model, rank, stages)",
+     "        module = stage_slice(model, stages - 1 - rank, stages)  # planted: stages reversed",
+     "GPipe: pipeline loss"),
+    ("loss_fn=nn.functional.mse_loss)",
+     "loss_fn=nn.functional.mse_loss, scale_grads=False)  # planted: summed, not averaged",
+     "GPipe gradient 0"),
+], ids=["stages in the wrong order", "micro-batch gradients not averaged"])
+def test_a_wrong_pipeline_fails_example_05(tmp_path, anchor, planted, named):
+    done = run_with_fault(PIPELINE_EXAMPLE, tmp_path, anchor, planted)
+    assert done.returncode != 0, done.stdout[-2000:]
+    assert "worst gradient difference" not in done.stdout
+    assert "AssertionError" in done.stderr
+    assert named in done.stderr
+
+
+@pytest.mark.parametrize(("anchor", "planted", "named"), [
+    ("        timed_all_reduce(p.grad, log)",
+     "        log.append(0.0)  # planted: a missing all-reduce",
+     "DP gradient, rank 0"),
+    ("        timed_all_reduce(grad, ctx.log)",
+     "        ctx.log.append(0.0)  # planted: the input gradient is not summed",
+     "TP input gradient, rank 0"),
+], ids=["data parallel without its all-reduce", "tensor parallel without its backward all-reduce"])
+def test_a_missing_all_reduce_fails_example_06(tmp_path, anchor, planted, named):
+    done = run_with_fault(LAYOUT_EXAMPLE, tmp_path, anchor, planted)
+    assert done.returncode != 0, done.stdout[-2000:]
+    assert "match one process" not in done.stdout
+    assert "AssertionError" in done.stderr
+    assert named in done.stderr

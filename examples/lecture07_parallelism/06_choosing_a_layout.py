@@ -540,20 +540,25 @@ if CAN_RUN_RANKS:
     reference = mlp(DP_WIDTHS)
     reference.load_state_dict(dp_model.state_dict())
     nn.functional.mse_loss(reference(dp_inputs), dp_targets).backward()
-    for result in results:
+    for rank, result in enumerate(results):
         for got, want in zip(result["dp_grads"], (p.grad for p in reference.parameters())):
-            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6 * want.abs().max().item())
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6 * want.abs().max().item(),
+                                       msg=lambda m, rank=rank: f"DP gradient, rank {rank}: {m}")
     x = tp_inputs.clone().requires_grad_()
     hidden = x
     for up, down in tp_blocks:
         hidden = nn.functional.gelu(hidden @ up) @ down
     hidden.sum().backward()
-    for result in results:
+    for rank, result in enumerate(results):
         assert all(len(log) == 2 * TP_BLOCKS for log in result["tp_logs"]), "all-reduces per step"
         torch.testing.assert_close(result["tp_output"], hidden.detach(), rtol=1e-5,
-                                   atol=1e-6 * hidden.abs().max().item())
+                                   atol=1e-6 * hidden.abs().max().item(),
+                                   msg=lambda m, rank=rank: f"TP output, rank {rank}: {m}")
         torch.testing.assert_close(result["tp_input_grad"], x.grad, rtol=1e-5,
-                                   atol=1e-6 * x.grad.abs().max().item())
+                                   atol=1e-6 * x.grad.abs().max().item(),
+                                   msg=lambda m, rank=rank: f"TP input gradient, rank {rank}: {m}")
+    print(f"DP gradients and TP outputs and input gradients match one process on all "
+          f"{CHECK_RANKS} ranks")
 
     measured = {"DP": collective_seconds([r["dp_logs"] for r in results]),
                 "TP": collective_seconds([r["tp_logs"] for r in results])}
