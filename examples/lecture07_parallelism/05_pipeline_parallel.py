@@ -180,9 +180,11 @@ def train_step(rank, stages, stage, schedule, inputs, targets):
 # :math:`p-1` stages, and the first stage has nothing to do while the last
 # backward comes back. If every stage takes the same time per micro-batch,
 # each rank is idle for :math:`p-1` of the :math:`m+p-1` slots of a step
-# (GPipe, Huang et al. 2019). 1F1B (PipeDream-Flush, Narayanan et al. 2021)
-# reorders the same work, a backward as soon as one is possible, so its bubble
-# is the same; what it saves is memory, as the last section counts.
+# (GPipe, Huang et al. 2019). 1F1B (one forward, one backward: from PipeDream,
+# Narayanan et al. 2019, in the flushed form that Megatron-LM uses, Narayanan
+# et al. 2021) reorders the same work, a backward as soon as one is possible,
+# so its bubble is the same; what it saves is memory, as the last section
+# counts.
 
 
 def predicted_bubble(stages, microbatches):
@@ -396,6 +398,12 @@ if CAN_RUN_RANKS:
                             for name in SCHEDULES)
         print(f"{m:4d} {predicted_bubble(TIMING_STAGES, m):10.3f} {measured}")
 
+    # On a shared machine a rank can lose its core mid-matmul: then the ranks take
+    # turns instead of overlapping, and the bubble measures the queue for a core.
+    on_core = min(on_core_fraction(least_disturbed_step(timing_results, name, m))
+                  for name, m in bubbles)
+    print(f"ranks' time on a core while computing: at least {on_core:.0%} of their busy time")
+
     fig, ax = plt.subplots(figsize=(6.5, 4))
     many_m = torch.logspace(0, 5, 100, base=2).tolist()
     ax.plot(many_m, [predicted_bubble(TIMING_STAGES, m) for m in many_m], color="black",
@@ -408,15 +416,11 @@ if CAN_RUN_RANKS:
     ax.set_xlabel("micro-batches per step m")
     ax.set_ylabel("bubble (fraction of the step idle)")
     ax.set_ylim(0, None)
-    ax.set_title(f"Bubble, p = {TIMING_STAGES} stages, gloo on {DEVICE_NAME}", fontsize="medium")
+    ax.set_title(f"Bubble, p = {TIMING_STAGES} stages, gloo on {DEVICE_NAME}\n"
+                 f"ranks on a core for at least {on_core:.0%} of their compute", fontsize="medium")
     ax.legend(frameon=False)
     fig.tight_layout()
 
-    # On a shared machine a rank can lose its core mid-matmul: then the ranks take
-    # turns instead of overlapping, and the bubble measures the queue for a core.
-    on_core = min(on_core_fraction(least_disturbed_step(timing_results, name, m))
-                  for name, m in bubbles)
-    print(f"ranks' time on a core while computing: at least {on_core:.0%} of their busy time")
     if on_core >= 0.9:
         for name in SCHEDULES:
             counts = microbatch_counts(name, TIMING_STAGES)
