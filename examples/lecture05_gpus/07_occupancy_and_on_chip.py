@@ -788,8 +788,8 @@ for row in (r for r in COMPILED if r["kernel"] == "matmul_kernel" and r["constex
 # The same ``tl.dot`` becomes ``mma.sync`` (SASS ``HMMA``) on sm_80: each
 # warp multiplies small tiles from registers. On sm_90a it becomes
 # ``wgmma.mma_async`` (``HGMMA``): a warpgroup of four warps issues one
-# asynchronous product that reads its operands from shared memory, and
-# waits for it later. The tensor-descriptor version adds TMA:
+# asynchronous product that reads its second operand (and often the first)
+# from shared memory, and waits for it later. The tensor-descriptor version adds TMA:
 # ``cp.async.bulk.tensor`` (``UTMALDG``), one thread asking the copy engine
 # for a whole tile, completion signalled on an mbarrier in shared memory.
 
@@ -816,8 +816,9 @@ if COMPILED:
     if INSTRUCTIONS["matmul_kernel sm_80"]["wgmma"]:
         raise AssertionError("wgmma in sm_80 code: it exists from sm_90a on")
     if triton_tool("nvdisasm") and not (INSTRUCTIONS["matmul_kernel sm_80"]["HMMA"]
+                                        and INSTRUCTIONS["matmul_kernel sm_90"]["HGMMA"]
                                         and INSTRUCTIONS["matmul_tma_kernel sm_90"]["UTMALDG"]):
-        raise AssertionError("the SASS lacks HMMA on sm_80 or UTMALDG on sm_90a")
+        raise AssertionError("the SASS lacks HMMA on sm_80, or HGMMA or UTMALDG on sm_90a")
     sass = next(r["sass"] for r in COMPILED if r["kernel"] == "matmul_tma_kernel")
     print("sm_90a SASS lines of the TMA matmul:",
           *[line.strip() for line in sass.splitlines() if re.search(r"UTMALDG|HGMMA|SYNCS", line)][:4],
