@@ -138,10 +138,10 @@ def test_a_wrong_pipeline_fails_example_05(tmp_path, anchor, planted, named):
 
 
 @pytest.mark.parametrize(("anchor", "planted", "named"), [
-    ("        timed_all_reduce(p.grad, log)",
+    ("        timed_all_reduce(p.grad, log, aligned)",
      "        log.append(0.0)  # planted: a missing all-reduce",
      "DP gradient, rank 0"),
-    ("        timed_all_reduce(grad, ctx.log)",
+    ("        timed_all_reduce(grad, ctx.log, ctx.aligned)",
      "        ctx.log.append(0.0)  # planted: the input gradient is not summed",
      "TP input gradient, rank 0"),
 ], ids=["data parallel without its all-reduce", "tensor parallel without its backward all-reduce"])
