@@ -197,7 +197,7 @@ print(f"predicted bubble, p = {TIMING_STAGES}:  "
 
 # %%
 # Check: the pipeline computes what the unsplit model computes
-# -------------------------------------------------------------
+# ------------------------------------------------------------
 # Four stages of two layers each, on an awkward width, in float64. Each rank
 # runs one step of both schedules and one SGD update on its own layers; the
 # parent compares the losses, gradients and updated weights with one process
@@ -369,7 +369,7 @@ if CAN_RUN_RANKS:
 # gradients of both the inputs and the weights.
 #
 # Measure: the bubble against the number of micro-batches
-# ---------------------------------------------------------
+# -------------------------------------------------------
 # The measured bubble of a step is the fraction of the step's span (first
 # start to last end on any rank) that the ranks spent outside their stage's
 # forward and backward, averaged over the ranks. It includes the time spent
