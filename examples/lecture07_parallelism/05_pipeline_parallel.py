@@ -10,10 +10,11 @@ measure the idle time at the start and end of each step (the *bubble*) as the
 number of micro-batches grows.
 
 **Requirements.** On a CPU: gloo on loopback, 2 stages for the timings (one
-core each) and 4 stages for the exact checks. On a single GPU (T4 on Colab
-included): the same, gloo on CPU ranks. With 4 or more CPU cores the timings
-use 4 stages. The times describe ranks on this machine's cores talking over
-loopback, not GPUs over NVLink.
+core each) and 4 stages for the exact checks. On one GPU or several (T4 on
+Colab included): the same, gloo on CPU ranks; a pipeline of GPUs would send
+its activations with NCCL, which this page does not run. With 4 or more CPU
+cores the timings use 4 stages. The times describe ranks on this machine's
+cores talking over loopback, not GPUs over NVLink.
 """
 
 # %%

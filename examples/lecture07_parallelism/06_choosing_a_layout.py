@@ -13,9 +13,9 @@ it.
 
 **Requirements.** The planner is arithmetic and runs anywhere; its cluster
 figures are a model built from NVIDIA's datasheets, not a measurement. The
-check at small scale uses gloo on loopback with 2 CPU ranks (on a single GPU,
-T4 on Colab included, the same: gloo on CPU ranks); its numbers describe this
-machine's loopback, not NVLink or InfiniBand.
+check at small scale uses gloo on loopback with 2 CPU ranks (on a machine
+with GPUs, T4 on Colab included, the same: gloo on CPU ranks); its numbers
+describe this machine's loopback, not NVLink or InfiniBand.
 """
 
 # %%
