@@ -105,7 +105,7 @@ SPAN = re.compile(
 # Roles that show their label, or the title of what they point to, as prose.
 PROSE_ROLES = {"ref", "doc", "download", "numref", "term", "sup", "sub", "abbr"}
 TEXT_IN_MATH = re.compile(r"\\(?:text|mathrm|operatorname)\{([^{}]*)\}")
-LATEX_WORD = re.compile(r"\\[A-Za-z]+|\{|\}|[A-Za-z]\b")
+LATEX_WORD = re.compile(r"\\[A-Za-z]+|\{|\}|\b[A-Za-z]\b")
 
 
 def is_display_math(msgid):
