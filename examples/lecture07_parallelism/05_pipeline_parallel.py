@@ -71,8 +71,9 @@ def _rank_main(rank, world_size, tmp, worker, args, timeout_s):
 # -----
 # The model is a stack of square linear layers with a GeLU between them; a
 # stage is a run of consecutive layers. One micro-batch's forward through one
-# stage is a few milliseconds of matmuls, so the schedule, not the overheads of
-# sending 100 kB between processes, decides the step time.
+# stage is a few milliseconds of matmuls, large enough that the schedule's shape
+# shows through the cost of sending each 128 KiB activation between processes;
+# the take-away says how much of that cost remains in the measurement.
 
 import copy
 import platform
@@ -240,7 +241,7 @@ def reference_step(model, inputs, targets):
 def assert_matches(name, got, want):
     """float64 agreement to rounding, with the tolerance scaled to the tensor's size."""
     scale = want.abs().max().item()
-    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12 * scale, msg=lambda m: f"{name}: {m}")
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-13 * scale, msg=lambda m: f"{name}: {m}")
 
 
 if CAN_RUN_RANKS:
@@ -465,7 +466,6 @@ def peak_in_flight(events):
 
 
 if CAN_RUN_RANKS:
-    activation_kib = CHECK_ROWS_PER_MICROBATCH * CHECK_WIDTH * 2 * 2 * 8 / 1024  # in + out, float64
     peaks = {name: [peak_in_flight(result[name]["events"]) for result in check_results]
              for name in SCHEDULES}
     print(f"peak micro-batches in flight, p = {CHECK_STAGES}, m = {CHECK_MICROBATCHES}")
