@@ -219,7 +219,7 @@ def kernel_checks():
     checks = definitions(KERNELS_EXAMPLE, "step_reference", "check_against_float64",
                          "check_opaque_call", "check_kernel_inlined", "check_cudagraph_skips",
                          "alibi_slopes", "alibi_score", "causal_window", "alibi_window_bias",
-                         "check_attention", "compiled_graphs", "check_trace")
+                         "check_attention", "compiled_graphs", "check_trace", "artifacts")
     checks.update(ALPHA=2.5, WINDOW=7)  # the example's constants, one of them smaller
     return checks
 

@@ -747,12 +747,16 @@ def check_trace(rows, entries):
                              f"recompiled for 'cos'), the trace has {len(rows)}")
     if not rows[1][1].startswith("torch_dynamo_resume_in_breaks_once"):
         raise AssertionError(f"the second graph is in {rows[1][1]}, not a resume function")
-    if "activation == 'sin'" not in (rows[2][4] or ""):
-        raise AssertionError(f"the recompile reason is {rows[2][4]!r}, not the string's guard")
-    reasons = [p for e, p in entries if e.get("artifact", {}).get("name") ==
-               "dynamo_graph_break_reason"]
-    if not any("item()" in reason for reason in reasons):
+    recompile_reasons = [rows[2][4] or ""] + artifacts(entries, "recompile_reasons")
+    if not any("activation == 'sin'" in reason for reason in recompile_reasons):
+        raise AssertionError(f"the recompile reasons are {recompile_reasons!r}, "
+                             "not the string's guard")
+    if not any("item()" in reason for reason in artifacts(entries, "dynamo_graph_break_reason")):
         raise AssertionError("the trace records no graph break at .item()")
+
+
+def artifacts(entries, name):
+    return [payload for event, payload in entries if event.get("artifact", {}).get("name") == name]
 
 
 trace_entries = trace_of(TRACED_PROGRAM)
