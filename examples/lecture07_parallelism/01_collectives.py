@@ -29,6 +29,7 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -47,23 +48,37 @@ def run_ranks(worker, world_size, *args, timeout_s=60):
         ranks = mp.start_processes(_rank_main, args=(world_size, tmp, worker, args, timeout_s),
                                    nprocs=world_size, join=False, start_method="fork")
         deadline = time.monotonic() + timeout_s
-        while not ranks.join(timeout=0.2):
-            if time.monotonic() > deadline:
-                for process in ranks.processes:
-                    process.kill()
-                raise TimeoutError(f"{worker.__name__}: ranks still running after {timeout_s} s")
+        try:
+            while not ranks.join(timeout=0.2):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{worker.__name__}: ranks still running after {timeout_s} s")
+        except mp.ProcessRaisedException:
+            # When one rank raises, its peers' collectives fail too; show the first error.
+            first = min(name for name in os.listdir(tmp) if name.endswith(".error"))
+            with open(os.path.join(tmp, first)) as error:
+                raise RuntimeError(error.read()) from None
+        finally:
+            for process in ranks.processes:
+                process.kill()
+                process.join()
         return [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(world_size)]
 
 
 def _rank_main(rank, world_size, tmp, worker, args, timeout_s):
     torch.set_num_threads(1)  # one core per rank: the ranks share the machine
-    # A file store needs no port, so nothing is left listening afterwards.
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank,
-                            world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
     try:
+        # A file store needs no port, so nothing is left listening afterwards.
+        dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank,
+                                world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
         torch.save(worker(rank, world_size, *args), os.path.join(tmp, f"rank{rank}.pt"))
+    except BaseException:
+        # Named by the time, so that the parent can tell the first failure from its echoes.
+        with open(os.path.join(tmp, f"{time.time():020.6f}.rank{rank}.error"), "w") as error:
+            error.write(f"rank {rank} of {world_size} failed first:\n{traceback.format_exc()}")
+        raise
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 # %%
@@ -97,9 +112,16 @@ else:
 USE_NCCL = (CAN_RUN_RANKS and torch.cuda.device_count() >= 2 and not torch.cuda.is_initialized()
             and dist.is_nccl_available())
 CORES = os.cpu_count() or 1
+
+
+def gpu_name(rank, world_size):
+    return torch.cuda.get_device_name(0)
+
+
 if USE_NCCL:
     TIMING_RANKS = torch.cuda.device_count()
-    BACKEND, DEVICE_NAME = "nccl", f"{TIMING_RANKS} x {torch.cuda.get_device_name(0)}"
+    # get_device_name initialises CUDA, which must not happen here before the fork: a rank asks.
+    BACKEND, DEVICE_NAME = "nccl", f"{TIMING_RANKS} x {run_ranks(gpu_name, 1)[0]}"
     SIZES = [2**k for k in range(12, 29, 2)]  # bytes: 4 KiB to 256 MiB
 else:
     TIMING_RANKS = 4 if CORES >= 4 else 2  # one core per rank, or the timings measure contention
@@ -211,8 +233,9 @@ else:
 # ---------------------------------------------------
 # A message of S bytes costs a fixed latency alpha (software, synchronisation,
 # the first byte's trip) plus S divided by the bandwidth. A collective over n
-# ranks moves more than S through each rank's link, by a factor that depends
-# on the collective and not on the algorithm, as nccl-tests explains
+# ranks moves at least factor x S bytes through each rank's link, with a factor
+# that depends on the collective and not on the algorithm (as long as it is
+# built from point-to-point sends), as nccl-tests explains
 # (`PERFORMANCE.md <https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md>`__).
 # In a ring all-reduce, each rank sends (n-1)/n of the buffer while the partial
 # sums go round, then (n-1)/n again while the finished chunks go round:
@@ -374,9 +397,9 @@ if CAN_RUN_RANKS:
 # copied instead of added: an all-gather. We write both with point-to-point
 # sends, count the bytes each rank sends, and check that the composition gives
 # the all-reduce's result and moves exactly its 2(n-1)/n S bytes, half in each
-# pass. The same identity is why ZeRO and FSDP (example 03) can replace data
-# parallel's all-reduce by a reduce-scatter of the gradients and an all-gather
-# of the weights at no extra communication.
+# pass. The same identity is why ZeRO stages 1 and 2 (example 03) can replace
+# data parallel's all-reduce by a reduce-scatter of the gradients and an
+# all-gather of the weights at no extra communication.
 
 
 def ring_pass(chunks, rank, world_size, combine):
@@ -497,7 +520,8 @@ if CAN_RUN_RANKS:
 # exchange, a handful of system calls and thread wake-ups in gloo. Large
 # messages climb along a line of slope one, where the time is the bytes over
 # the bandwidth. The printed table gives both numbers for each collective;
-# the closing note of the lecture uses the all-reduce's.
+# exercise 2 of the lecture multiplies the all-reduce's to find the message
+# size at which latency and bandwidth cost the same.
 #
 # Bus bandwidth makes the collectives comparable: at large sizes they should
 # approach the same link speed, and those that do not reveal what the library

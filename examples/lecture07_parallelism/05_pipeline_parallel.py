@@ -29,6 +29,7 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -47,23 +48,37 @@ def run_ranks(worker, world_size, *args, timeout_s=60):
         ranks = mp.start_processes(_rank_main, args=(world_size, tmp, worker, args, timeout_s),
                                    nprocs=world_size, join=False, start_method="fork")
         deadline = time.monotonic() + timeout_s
-        while not ranks.join(timeout=0.2):
-            if time.monotonic() > deadline:
-                for process in ranks.processes:
-                    process.kill()
-                raise TimeoutError(f"{worker.__name__}: ranks still running after {timeout_s} s")
+        try:
+            while not ranks.join(timeout=0.2):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{worker.__name__}: ranks still running after {timeout_s} s")
+        except mp.ProcessRaisedException:
+            # When one rank raises, its peers' collectives fail too; show the first error.
+            first = min(name for name in os.listdir(tmp) if name.endswith(".error"))
+            with open(os.path.join(tmp, first)) as error:
+                raise RuntimeError(error.read()) from None
+        finally:
+            for process in ranks.processes:
+                process.kill()
+                process.join()
         return [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(world_size)]
 
 
 def _rank_main(rank, world_size, tmp, worker, args, timeout_s):
     torch.set_num_threads(1)  # one core per rank: the ranks share the machine
-    # A file store needs no port, so nothing is left listening afterwards.
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank,
-                            world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
     try:
+        # A file store needs no port, so nothing is left listening afterwards.
+        dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank,
+                                world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
         torch.save(worker(rank, world_size, *args), os.path.join(tmp, f"rank{rank}.pt"))
+    except BaseException:
+        # Named by the time, so that the parent can tell the first failure from its echoes.
+        with open(os.path.join(tmp, f"{time.time():020.6f}.rank{rank}.error"), "w") as error:
+            error.write(f"rank {rank} of {world_size} failed first:\n{traceback.format_exc()}")
+        raise
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 # %%
