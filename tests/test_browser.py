@@ -149,6 +149,7 @@ def test_html_lang(served, browser, edition, lang):
     ("zh_CN", "核函数", "lectures/lecture06_kernels_triton.html"),
     ("zh_CN", "融合", "lectures/lecture05_gpus.html"),
     ("zh_CN", "图中断", "lectures/lecture06_kernels_triton.html"),
+    ("zh_CN", "集合通信", "lectures/lecture07_parallelism.html"),
 ])
 def test_search_finds_the_page(served, browser, edition, query, expected):
     _, base = served
