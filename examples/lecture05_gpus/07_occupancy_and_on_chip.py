@@ -222,7 +222,7 @@ if HAVE_TRITON:
         out = torch.empty_like(q)
         block_m, block_n = (128, 64) if DEVICE == "cuda" else (16, 32)
         if DEVICE == "cuda" and gpu_capability() < (8, 0) and head_dim > 64:
-            block_m = 64  # a block may have 64 KiB of shared memory before 8.0 (Table 31)
+            block_m = 64  # a block may have at most 64 KiB of shared memory on 7.5, the T4 (Table 31)
         grid = (triton.cdiv(n_queries, block_m), batch * heads)
         flash_attention_kernel[grid](q, k, v, out, head_dim, head_dim, head_dim, n_queries, k.shape[2],
                                      head_dim ** -0.5 * math.log2(math.e), HEAD_DIM=head_dim,
@@ -768,12 +768,12 @@ if CUDA_EXTENSION is not None:
 # %%
 # Triton swizzles for you
 # -----------------------
-# Triton never pads: it *swizzles*, XOR-ing the column of each row with a
+# Triton does not pad the tiles it stages for ``tl.dot``: it *swizzles*, XOR-ing the column of each row with a
 # function of the row, so that rows and columns both spread over the banks
 # without wasting a word. The shared layouts appear as ``#shared``
 # attributes in the TTGIR of the matmul: ``swizzled_shared`` (vector, phase)
 # on sm_80, ``nvmma_shared`` with a 128-byte swizzle on sm_90a, the layout
-# that ``wgmma`` and TMA read.
+# that ``wgmma`` reads and TMA writes.
 
 SHARED_LAYOUTS = {}
 for row in (r for r in COMPILED if r["kernel"] == "matmul_kernel" and r["constexprs"]["BLOCK_N"] == 128):
@@ -849,17 +849,18 @@ if HAVE_TRITON and DEVICE == "cuda":
 # by hand. *Warp specialisation*: one warpgroup only issues TMA loads into a
 # ring of shared-memory buffers (the producer); the others only run
 # ``wgmma`` and the softmax (the consumers). *mbarriers* in shared memory
-# hand each buffer over: TMA arrives on "full" with the byte count it
-# delivered, consumers arrive on "empty" when they are done reading. The
+# hand each buffer over: the producer arms "full" with the bytes it expects
+# and TMA counts them off as they land; consumers arrive on "empty" when they are done reading. The
 # *exponential bottleneck*: the SFU that computes ``exp2`` has a small
 # fraction of the tensor cores' throughput (the paper's Section 3), so for
 # head dimension 128 the exponentials alone would take a large share of the
 # time of the matmuls. FlashAttention-3 ping-pongs two consumer warpgroups,
-# one doing its softmax while the other's ``wgmma`` runs, and pipelines the
-# softmax of one block with the products of the next inside each warpgroup.
+# one doing its softmax while the other's ``wgmma`` runs, and inside each
+# warpgroup overlaps the softmax of one block with the second product
+# (:math:`PV`) of the block before (the paper's Sections 3.1 and 3.2).
 # Triton has experimental warp specialisation (``tl.range(...,
-# warp_specialize=True)``) on newer GPUs; this page shows only what it
-# compiles by default.
+# warp_specialize=True)``), which its 3.6 documentation supports only on
+# Blackwell GPUs; this page shows only what it compiles by default.
 #
 # Hardware-level profiling
 # ------------------------
@@ -868,7 +869,9 @@ if HAVE_TRITON and DEVICE == "cuda":
 # (DRAM bytes, to compare with the byte model), and
 # ``sm__warps_active.avg.pct_of_peak_sustained_active`` (achieved
 # occupancy), among hundreds of counters. Where ``ncu`` is on the ``PATH`` of
-# a GPU machine we run it in a child process on one ``copy_`` of 1 GiB and
+# a GPU machine we run it in a child process on one elementwise kernel over
+# 1 GiB, a negation (``ncu`` profiles kernels, and a contiguous ``copy_`` is
+# a ``cudaMemcpy``, not a kernel), and
 # check the DRAM counters against the byte model: every byte read once and
 # written once, less what L2 still holds when the kernel ends. Elsewhere the example says what ``ncu`` would report, and
 # ``torch.profiler`` shows the kernels and their times, not counters.
@@ -877,12 +880,12 @@ NCU_METRICS = ["dram__bytes_read.sum", "dram__bytes_write.sum",
                "sm__warps_active.avg.pct_of_peak_sustained_active"]
 NCU_ELEMENTS = 1 << 28  # 1 GiB of float32: far beyond L2, so almost every byte crosses DRAM
 NCU_MODEL_BYTES = NCU_ELEMENTS * 4  # read once and written once
-# The source comes from the host (a copy, not a kernel), so the copy_ is the only kernel
+# The source comes from the host (a cudaMemcpy, not a kernel), so the negation is the only kernel
 NCU_SCRIPT = f"""
 import torch
 src = torch.ones({NCU_ELEMENTS}).cuda()
 dst = torch.empty_like(src)
-dst.copy_(src)
+torch.neg(src, out=dst)
 torch.cuda.synchronize()
 """
 
@@ -903,7 +906,7 @@ if DEVICE == "cuda" and shutil.which("ncu"):
                                sys.executable, "-c", NCU_SCRIPT],
                               check=False, capture_output=True, text=True, timeout=300)
     measured = ncu_metrics(profiled.stdout)
-    print(f"ncu on a copy of {NCU_MODEL_BYTES / 2**20:.0f} MiB (byte model: "
+    print(f"ncu on a negation of {NCU_MODEL_BYTES / 2**20:.0f} MiB (byte model: "
           f"{NCU_MODEL_BYTES / 2**20:.0f} MiB read, {NCU_MODEL_BYTES / 2**20:.0f} MiB written):")
     for name in NCU_METRICS:
         if name in measured:
@@ -924,7 +927,7 @@ if DEVICE == "cuda" and shutil.which("ncu"):
 else:
     print(f"No ncu here ({'it is not on PATH' if DEVICE == 'cuda' else 'it needs an NVIDIA GPU'}). "
           f"Where it runs, ncu --metrics {','.join(NCU_METRICS)} "
-          f"would report for a copy of {NCU_MODEL_BYTES / 2**20:.0f} MiB about "
+          f"would report for a negation of {NCU_MODEL_BYTES / 2**20:.0f} MiB about "
           f"{NCU_MODEL_BYTES / 2**20:.0f} MiB read and {NCU_MODEL_BYTES / 2**20:.0f} MiB written "
           "(the byte model), and the achieved occupancy, at most the theoretical one. "
           "torch.profiler shows kernels and times, not counters:")
@@ -951,7 +954,7 @@ else:
 #
 # **Banks.** A column read of an unpadded tile serialises 32 ways; padding or
 # swizzling removes the conflict, and Triton chooses a swizzle for every
-# shared buffer it allocates (the TTGIR lines above).
+# tile it stages for ``tl.dot`` (the TTGIR lines above).
 #
 # **Hopper.** The same Triton source compiles to synchronous warp-level
 # ``mma.sync`` on the A100 and asynchronous warpgroup ``wgmma`` on the H100,
