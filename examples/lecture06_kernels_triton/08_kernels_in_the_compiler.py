@@ -143,9 +143,12 @@ if not ON_GPU:
 # %%
 # 1. A Triton kernel inside a compiled function
 # ---------------------------------------------
-# **Predict.** Dynamo cannot trace into a kernel launch the way it traces PyTorch
-# operations: the kernel body is not Python that runs on tensors. Two ways make it an
-# operator with a known output, so that the function compiles as one graph:
+# **Predict.** The kernel body is not Python that runs on tensors, so Dynamo does not
+# trace into it. It recognises a ``@triton.jit`` launch, though, and records it in the
+# graph as a call of the kernel, so on a GPU even a raw launch compiles without a graph
+# break. Only ``torch.compile`` knows such a launch; autograd, tensor subclasses and
+# dispatcher-level tracing (``make_fx``) do not. Two ways make the kernel an operator
+# with a known output, like PyTorch's own, and the function still compiles as one graph:
 #
 # * ``torch.library.custom_op`` makes an **opaque** operator. We give it a *fake*
 #   implementation (the shape and dtype of the output); Inductor calls it as an
@@ -371,7 +374,7 @@ def time_tiny_stack():
              "reduce-overhead": torch.compile(stack, mode="reduce-overhead")}
     times = {}
     for name, fn in modes.items():
-        for _ in range(3):  # compile, record, warm up
+        for _ in range(3):  # compile and warm up, record, replay
             out = fn(x).clone()  # a replay overwrites its output: keep a copy
         torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
         times[name] = triton.testing.do_bench(lambda fn=fn: fn(x))
@@ -401,12 +404,12 @@ if ON_GPU and COMPILE_WORKS:
     tiny_times, new_shape_ms = time_tiny_stack()
     for name, ms in tiny_times.items():
         print(f"{TINY_LAYERS} tiny layers, {name:<16}: {ms * 1e3:8.1f} us per step")
-    print(f"reduce-overhead, first call at batch {TINY_BATCH + 1} (a new shape: compile and "
-          f"record again): {new_shape_ms:.0f} ms")
+    print(f"reduce-overhead, first call at batch {TINY_BATCH + 1} (a new shape: compile "
+          f"again and warm up; it is recorded at the next call): {new_shape_ms:.0f} ms")
     if tiny_times["reduce-overhead"] >= tiny_times["default"]:
         raise AssertionError("reduce-overhead is not faster than default on a launch-bound step")
     if new_shape_ms < 10 * tiny_times["reduce-overhead"]:
-        raise AssertionError("a new shape cost less than ten replays: was anything recorded?")
+        raise AssertionError("a new shape cost less than ten replays: was anything recompiled?")
 elif ON_GPU:
     skip_or_fail("CUDA graphs", *INDUCTOR_MISSING)
 elif COMPILE_WORKS:
@@ -780,20 +783,20 @@ print("  a guard of the first graph: "
 # %%
 # Read the result
 # ---------------
-# **Kernels as operators.** A raw kernel launch is invisible to the compiler; an
-# operator is not. ``custom_op`` with a fake implementation is the portable choice: any
-# backend can schedule around it, ``opcheck`` tests its registration, and the generated
-# code calls it as an extern, as printed above. ``triton_op`` goes one step further
-# on a GPU: Inductor sees the Triton source, so it knows which buffers the kernel
-# writes and places it among its own kernels. Neither makes Inductor fuse into your
-# kernel: fusion inside it is your job.
+# **Kernels as operators.** A raw kernel launch is known to ``torch.compile`` alone;
+# an operator is known to all of PyTorch. ``custom_op`` with a fake implementation is
+# the portable choice: any backend can schedule around it, ``opcheck`` tests its
+# registration, and the generated code calls it as an extern, as printed above.
+# ``triton_op`` goes one step further on a GPU: Inductor sees the Triton source, so it
+# knows which buffers the kernel writes and places it among its own kernels. Neither
+# makes Inductor fuse into your kernel: fusion inside it is your job.
 #
 # **CUDA graphs** remove launch overhead, not work: they pay off where a step is many
 # small kernels (decoding one token, small batches) and do nothing for a step that is
 # a few large matmuls. Their price is static shapes and reused output buffers: on a
-# GPU, the first call at a new batch size above paid for a new compile and a new
-# recording. On a CPU the mode changes nothing: Inductor counted the graph it could
-# not build and compiled as in the default mode.
+# GPU, the first call at a new batch size above paid for a new compile and a warm-up
+# run, and the next call at that size records. On a CPU the mode changes nothing:
+# Inductor counted the graph it could not build and compiled as in the default mode.
 #
 # **FlexAttention** turns an attention variant into a few lines of Python and one
 # compiled kernel, checked above against an explicit bias mask in float64. Its block
