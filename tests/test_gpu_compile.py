@@ -16,7 +16,14 @@ import sys
 
 import pytest
 
-from tools.gpu_compile import ARCHS, NVCC_ARCHS, GpuView, nvcc_path, occupancy
+from tools.gpu_compile import (
+    ARCHS,
+    NVCC_ARCHS,
+    GpuView,
+    constants,
+    nvcc_path,
+    occupancy,
+)
 from tools.site_build import REPO
 
 EXAMPLES = REPO / "examples"
@@ -260,3 +267,8 @@ def test_the_gpu_view_leaves_out_what_would_act(tmp_path):
     assert not marker.exists()
     assert view.namespace["SIZES"] == [1, 2, 3]
     assert "WRITTEN" not in view.namespace and "COPIED" not in view.namespace
+
+
+def test_constants_follow_dict_unpacking():
+    tree = ast.parse("BASE = {'BLOCK': 64}\nWIDE = {**BASE, 'BLOCK': 128, 'WARPS': 8}")
+    assert constants(tree.body, {})["WIDE"] == {"BLOCK": 128, "WARPS": 8}

@@ -595,7 +595,13 @@ def static_value(node, env):
     if isinstance(node, (ast.List, ast.Tuple)):
         return [static_value(e, env) for e in node.elts]
     if isinstance(node, ast.Dict):
-        return {static_value(k, env): static_value(v, env) for k, v in zip(node.keys, node.values)}
+        value = {}
+        for key, item in zip(node.keys, node.values):
+            if key is None:  # ``**mapping`` unpacking
+                value.update(static_value(item, env))
+            else:
+                value[static_value(key, env)] = static_value(item, env)
+        return value
     raise ValueError(f"line {node.lineno}: {ast.unparse(node)} is not a constant expression")
 
 
