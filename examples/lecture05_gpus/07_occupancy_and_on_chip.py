@@ -960,8 +960,9 @@ else:
 # ``mma.sync`` on the A100 and asynchronous warpgroup ``wgmma`` on the H100,
 # and with tensor descriptors to TMA copies tracked by mbarriers.
 #
-# On a CPU everything but the bandwidth, transpose and ``ncu`` figures is
-# real compiler output for the two GPUs, and none of it ran on them.
+# On a CPU the registers, shared memory, layouts and instructions are real
+# compiler output for the two GPUs, and none of it ran on them; the
+# latency-hiding plot is a model and the bank counts are arithmetic.
 
 KEY_FIGURES = {"device": DEVICE_NAME}
 for row in COMPILED:
