@@ -204,7 +204,8 @@ def test_screenshot(served, browser, edition, name, theme):
 
 @pytest.mark.skipif(not AXE.exists(), reason="axe-core is not installed (make test installs it)")
 @pytest.mark.parametrize("theme", ["light", "dark"])
-@pytest.mark.parametrize("name", [LECTURE, "lectures/lecture05_gpus.html", GALLERY_PAGE])
+@pytest.mark.parametrize("name", [LECTURE, "lectures/lecture05_gpus.html", "lectures/lecture07_parallelism.html",
+                                  GALLERY_PAGE])
 @pytest.mark.parametrize("edition", EDITIONS)
 def test_accessibility(served, browser, edition, name, theme):
     _, base = served
