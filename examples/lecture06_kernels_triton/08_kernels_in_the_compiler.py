@@ -640,26 +640,39 @@ def cold_compile_seconds(blocks, regional):
         compiled = model
     else:
         compiled = torch.compile(model)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), cpu_seconds()
     out = compiled(x)
     if ON_GPU:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
-    return seconds
+    return seconds, (cpu_seconds() - cpu_start) / seconds
+
+
+def cpu_seconds():
+    """CPU time of this process and of the compiler processes it waited for."""
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
 
 
 compile_seconds = {}
 if COMPILE_WORKS:
     print(f"{'blocks':>6} {'whole model s':>14} {'regional s':>11}")
+    busy_share = []  # how much of each compile's wall time it spent on a core
     for blocks in REGIONAL_BLOCKS:
-        compile_seconds[blocks] = (cold_compile_seconds(blocks, regional=False),
-                                   cold_compile_seconds(blocks, regional=True))
-        print(f"{blocks:6d} {compile_seconds[blocks][0]:14.2f} {compile_seconds[blocks][1]:11.2f}")
-    for blocks, (whole, regional) in compile_seconds.items():
-        if blocks >= 4 and regional >= whole:
-            raise AssertionError(f"{blocks} blocks: regional compile ({regional:.2f} s) is not "
-                                 f"faster than the whole model ({whole:.2f} s)")
+        (whole, whole_share), (regional, regional_share) = (cold_compile_seconds(blocks, regional=False),
+                                                            cold_compile_seconds(blocks, regional=True))
+        compile_seconds[blocks] = whole, regional
+        busy_share += [whole_share, regional_share]
+        print(f"{blocks:6d} {whole:14.2f} {regional:11.2f}")
+    if ON_GPU or min(busy_share) >= 0.8:
+        for blocks, (whole, regional) in compile_seconds.items():
+            if blocks >= 4 and regional >= whole:
+                raise AssertionError(f"{blocks} blocks: regional compile ({regional:.2f} s) is not "
+                                     f"faster than the whole model ({whole:.2f} s)")
+    else:
+        print(f"Other processes took this machine's cores (a compile got {min(busy_share):.0%} of a core):"
+              " the compile times are printed, not compared.")
 else:
     skip_or_fail("regional compilation", *INDUCTOR_MISSING)
 
