@@ -3,7 +3,9 @@
 * A thumbnail without ``width`` and ``height`` takes no room until its image
   has arrived, so the gallery grid below it shifts as each one loads; with its
   real size the browser reserves the room at first paint. ``loading="lazy"``
-  leaves thumbnails below the fold for later.
+  leaves thumbnails below the fold for later. The same holds for the figures
+  that sphinx-gallery scrapes from an example: its ``<img>`` gets the PNG's
+  pixel size (the CSS scales it down with ``height: auto``).
 * Sphinx and its extensions load their scripts synchronously in ``<head>``, so
   the page waits for each before it paints. None of them is needed to paint:
   they are deferred, which keeps their order and runs them before
@@ -17,6 +19,7 @@ from pathlib import Path
 
 from docutils import nodes
 from sphinx.builders.html._assets import _JavaScript
+from sphinx_gallery.directives import depart_imgsg_html, imgsgnode, visit_imgsg_html
 
 NEEDED_BEFORE_INLINE_SCRIPTS = {"_static/documentation_options.js"}
 
@@ -44,6 +47,24 @@ def size_the_thumbnails(app, doctree):
         image["classes"].append("no-scaled-link")
 
 
+def visit_sized_figure(translator, node):
+    """sphinx-gallery's ``<img>`` for a scraped figure, with the PNG's width and height."""
+    visit_imgsg_html(translator, node)
+    tag = translator.body[-1] if translator.body else ""
+    path = Path(translator.builder.srcdir, node["uri"].lstrip("/"))
+    size = png_size(path) if path.is_file() else None
+    if size and tag.startswith("<img ") and " width=" not in tag:
+        width, height = size
+        translator.body[-1] = tag.replace(
+            "<img ", f'<img width="{width}" height="{height}" loading="lazy" ', 1)
+
+
+def size_the_figures(app):
+    # Here rather than in setup(), so that it replaces sphinx-gallery's visitor
+    # whichever of the two extensions is set up first.
+    app.add_node(imgsgnode, override=True, html=(visit_sized_figure, depart_imgsg_html))
+
+
 def defer_the_scripts(app, pagename, templatename, context, doctree):
     scripts = context.get("script_files")
     if not scripts or pagename == "search":
@@ -60,6 +81,7 @@ def defer_the_scripts(app, pagename, templatename, context, doctree):
 
 def setup(app):
     app.connect("doctree-read", size_the_thumbnails)
+    app.connect("builder-inited", size_the_figures)
     # Late, so that the scripts other extensions add to this page are included.
     app.connect("html-page-context", defer_the_scripts, priority=900)
     return {"parallel_read_safe": True, "version": "1"}
