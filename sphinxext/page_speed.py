@@ -12,6 +12,12 @@
   ``DOMContentLoaded``. ``documentation_options.js`` stays synchronous because
   inline scripts in ``<head>`` read the object it defines; on the search page
   nothing is deferred, since its own synchronous searchtools.js needs doctools.js.
+* Every stylesheet in ``<head>`` holds the first paint, and on a phone each
+  costs a round trip. sphinx-gallery's styles for Binder badges, data frames and
+  rendered HTML output are linked only from pages that have such output. The
+  theme's ``styles/theme.css`` is a single ``@import`` of ``basic.css``, so the
+  browser would ask for basic.css a round trip after theme.css; a preload asks
+  for both at once.
 """
 
 import struct
@@ -22,6 +28,13 @@ from sphinx.builders.html._assets import _JavaScript
 from sphinx_gallery.directives import depart_imgsg_html, imgsgnode, visit_imgsg_html
 
 NEEDED_BEFORE_INLINE_SCRIPTS = {"_static/documentation_options.js"}
+# A stylesheet kept only on pages whose body has one of these classes.
+STYLES_FOR_OUTPUT = {
+    "_static/sg_gallery-binder.css": ("binder-badge", "lite-badge"),
+    "_static/sg_gallery-dataframe.css": ("dataframe",),
+    "_static/sg_gallery-rendered-html.css": ("rendered_html",),
+}
+THEME_IMPORTS = {"pydata_sphinx_theme": "_static/basic.css"}
 
 
 def png_size(path):
@@ -79,9 +92,23 @@ def defer_the_scripts(app, pagename, templatename, context, doctree):
                                  **attributes, defer="defer")
 
 
+def trim_the_styles(app, pagename, templatename, context, doctree):
+    styles = context.get("css_files")
+    body = context.get("body", "")
+    if styles is not None:  # this page's own list: Sphinx restores it for the next
+        styles[:] = [style for style in styles
+                     if not (classes := STYLES_FOR_OUTPUT.get(str(style.filename)))
+                     or any(name in body for name in classes)]
+    imported = THEME_IMPORTS.get(app.config.html_theme)
+    if imported and "pathto" in context:
+        context["metatags"] = (context.get("metatags", "") + '\n<link rel="preload" as="style" '
+                               f'href="{context["pathto"](imported, 1)}" />')
+
+
 def setup(app):
     app.connect("doctree-read", size_the_thumbnails)
     app.connect("builder-inited", size_the_figures)
     # Late, so that the scripts other extensions add to this page are included.
     app.connect("html-page-context", defer_the_scripts, priority=900)
+    app.connect("html-page-context", trim_the_styles, priority=900)
     return {"parallel_read_safe": True, "version": "1"}
