@@ -139,3 +139,27 @@ def test_pages_reserve_their_room(site):
     assert faces and katex_css.count("@font-face{font-display:swap;") == faces
     css = (REPO / "_static" / "course.css").read_text()
     assert "calc(100% - var(--pst-sidebar-secondary))" in css
+
+
+@pytest.mark.parametrize("edition", EDITIONS)
+def test_figures_and_formulas_are_in_place_at_first_paint(site, edition):
+    """Figures carry their PNG's size; formulas arrive typeset, their main faces preloaded."""
+    import page_speed
+
+    checkout, _ = site
+    root = checkout / "_build" / "html" / edition
+    figures = 0
+    for page in sorted((root / "auto_examples").glob("lecture*/[0-9][0-9]_*.html")):
+        for img in soup(page).select("img.sphx-glr-single-img, img.sphx-glr-multi-img"):
+            width, height = page_speed.png_size(page.parent / img["src"])
+            assert (img.get("width"), img.get("height")) == (str(width), str(height)), img
+            figures += 1
+    assert figures
+    lecture = soup(root / "lectures" / "lecture05_gpus.html")
+    formulas = lecture.select("span.math, div.math")
+    assert formulas and all(f.select_one(".katex") for f in formulas)
+    assert not any(f.get_text().lstrip().startswith(("\\(", "\\[")) for f in formulas)
+    assert not lecture.select('script[src*="katex"]'), "KaTeX runs in the browser"
+    fonts = [link["href"] for link in lecture.head.select('link[rel="preload"][as="font"]')]
+    assert any("KaTeX_Main-Regular" in href for href in fonts), fonts
+    assert all((root / "lectures" / href).resolve().is_file() for href in fonts)
