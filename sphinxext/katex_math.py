@@ -106,7 +106,8 @@ def typeset(translator, node, start, display):
         typeset_html = engine.call("katex.renderToString", tex,
                                    {"displayMode": display, "throwOnError": True})
     except JSEvalException as error:  # KaTeX's ParseError, raised through V8
-        logger.warning("KaTeX cannot typeset %r: %s", tex, error, location=node)
+        message = str(error).splitlines()[0]  # the rest is KaTeX's stack in V8
+        logger.warning("KaTeX cannot typeset %r: %s", tex, message, location=node)
         TYPESET_IN_BROWSER.add(translator.builder.current_docname)
         return
     translator.body[start:] = [written[:begin] + typeset_html + written[end + len(right):]]
@@ -131,15 +132,15 @@ def add_katex_to_pages_with_math(app, pagename, templatename, context, doctree):
     if not app.env.domains.math_domain.has_equations(pagename):
         return
     app.add_css_file(KATEX + "katex.min.css")
-    if pagename not in TYPESET_IN_BROWSER:
-        fonts = PRELOADED_FONTS if pagename in PAGES_WITH_MATH_ITALIC else PRELOADED_FONTS[:1]
-        context["metatags"] = context.get("metatags", "") + "".join(
-            f'\n<link rel="preload" href="{context["pathto"](f"_static/{KATEX}fonts/{font}.woff2", 1)}"'
-            ' as="font" type="font/woff2" crossorigin>' for font in fonts)
     if pagename in TYPESET_IN_BROWSER:
         app.add_js_file(KATEX + "katex.min.js", defer="defer")
         app.add_js_file(KATEX + "contrib/auto-render.min.js", defer="defer")
         app.add_js_file(None, body=RENDER_IN_BROWSER)
+    else:
+        fonts = PRELOADED_FONTS if pagename in PAGES_WITH_MATH_ITALIC else PRELOADED_FONTS[:1]
+        context["metatags"] = context.get("metatags", "") + "".join(
+            f'\n<link rel="preload" href="{context["pathto"](f"_static/{KATEX}fonts/{font}.woff2", 1)}"'
+            ' as="font" type="font/woff2" crossorigin>' for font in fonts)
     app.add_js_file(None, body=FOCUS_WIDE_FORMULAS)
 
 
