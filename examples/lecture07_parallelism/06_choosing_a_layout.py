@@ -374,7 +374,11 @@ fig.tight_layout()
 # barriers, where a rank's time inside an all-reduce also includes waiting for
 # the other rank to finish its matmuls or to get a core (printed, not
 # compared). Both steps are also checked against one process computing the
-# same thing.
+# same thing. The measured communication must come within a factor of 2 of the
+# prediction for the data-parallel step, and of 4 for the tensor-parallel one:
+# its messages are small, and on a CPU a small message's latency is mostly the
+# time the operating system takes to wake the receiving rank, which varies from
+# run to run far more than bandwidth does.
 
 SWEEP_BYTES = [2 ** k for k in range(8, 25, 2)]  # 256 B to 16 MiB
 REPEATS = 8
@@ -598,11 +602,14 @@ if CAN_RUN_RANKS:
     # Loaded cores turn a rank's wait for a message into a wait for a core.
     on_core = min(r["on_core"] for r in results)
     print(f"ranks' time on a core while computing: at least {on_core:.0%}")
+    # Small messages cost mostly the wake-up of the receiving rank's thread, which
+    # varies from run to run far more than bandwidth: TP's bound is looser.
+    allowed = {"DP": 2, "TP": 4}
     if on_core >= 0.9:
         for kind, seconds in predicted.items():
-            assert 0.5 <= measured[kind] / seconds <= 2, (
+            assert 1 / allowed[kind] <= measured[kind] / seconds <= allowed[kind], (
                 f"{kind}: measured {measured[kind]:.2e} s, predicted {seconds:.2e} s")
-        print("measured within a factor of 2 of the prediction for both steps")
+        print("measured within a factor of 2 of the prediction for DP, of 4 for TP")
     else:
         print("Other processes took this machine's cores during the check: the measured times "
               "are not compared with the prediction.")
