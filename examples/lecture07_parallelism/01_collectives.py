@@ -470,8 +470,17 @@ RING_STEPS = {
 }
 
 
+def on_core_fraction(seconds=0.05):
+    """Fraction of ``seconds`` of matmuls that this process actually ran on a core."""
+    a = torch.randn(128, 128)
+    start, start_on_core = time.perf_counter(), time.thread_time()
+    while time.perf_counter() - start < seconds:
+        a @ a
+    return (time.thread_time() - start_on_core) / (time.perf_counter() - start)
+
+
 def ring_timing_worker(rank, world_size, sizes, repeats):
-    out = {}
+    out = {"on core": on_core_fraction()}
     for size in sizes:
         v = torch.randn(size // 4)
         for step in RING_STEPS.values():
@@ -485,6 +494,7 @@ def ring_timing_worker(rank, world_size, sizes, repeats):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
         RING_STEPS["RS gloo"](torch.randn(1024 * world_size), rank, world_size)
     out["gloo ops in RS"] = sorted({e.name for e in profile.events() if e.name.startswith("gloo:")})
+    out["on core"] = min(out["on core"], on_core_fraction())
     return out
 
 
@@ -499,11 +509,17 @@ if CAN_RUN_RANKS:
     for s in ring_sizes:
         row = [1e3 * ring_times[name, s] for name in RING_STEPS]
         print(f"{s // 2**20:>4d} MiB " + " ".join(f"{t:8.2f}" for t in row) + f" {row[0] + row[1]:11.2f}")
-    # Timings on a shared CPU are noisy: compare totals over the sizes, within a wide margin.
-    composed = sum(ring_times["AR ring", s] for s in ring_sizes)
-    passes = sum(ring_times["RS ring", s] + ring_times["AG ring", s] for s in ring_sizes)
-    print(f"ring: AR / (RS + AG), summed over the sizes: {composed / passes:.2f}")
-    if not 1 / 3 < composed / passes < 3:
+    # Timings on a shared CPU are noisy: compare the fastest runs' totals over the
+    # sizes, within a wide margin, and only while every rank had a core.
+    fastest = {key: min(t for out in outputs for t in out[key]) for key in ring_times}
+    composed = sum(fastest["AR ring", s] for s in ring_sizes)
+    passes = sum(fastest["RS ring", s] + fastest["AG ring", s] for s in ring_sizes)
+    on_core = min(out["on core"] for out in outputs)
+    print(f"ring: AR / (RS + AG), fastest runs summed over the sizes: {composed / passes:.2f}"
+          f" (ranks on a core: at least {on_core:.0%})")
+    if on_core < 0.9:
+        print("Other processes took this machine's cores: the ring's times are printed, not compared.")
+    elif not 1 / 3 < composed / passes < 3:
         raise AssertionError(f"the ring all-reduce took {composed:.4f} s, its two passes {passes:.4f} s")
     gloo_ratio = (sum(ring_times["RS gloo", s] for s in ring_sizes)
                   / sum(ring_times["AR gloo", s] for s in ring_sizes))
