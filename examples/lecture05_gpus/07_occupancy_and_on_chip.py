@@ -603,7 +603,8 @@ def compile_problem(command, suffix, code):
     """Why ``command`` cannot compile a one-line file of ``code``, or None if it can."""
     with tempfile.TemporaryDirectory() as folder:
         source = os.path.join(folder, "probe" + suffix)
-        Path(source).write_text(code)
+        with open(source, "w") as file:
+            file.write(code)
         try:
             done = subprocess.run([*command, "-c", source, "-o", source + ".o"],
                                   capture_output=True, text=True, check=False)
