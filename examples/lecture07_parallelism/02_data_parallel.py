@@ -34,16 +34,18 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def run_ranks(worker, world_size, *args, timeout_s=60):
+def run_ranks(worker, world_size, *args, timeout_s=60, backend="gloo"):
     """Run ``worker(rank, world_size, *args)`` in ``world_size`` forked processes.
 
     Returns the list of the ranks' return values. A rank that raises fails the
     call with its traceback; ranks that have not finished after ``timeout_s`` are
     killed and a TimeoutError is raised, so the example can never hang.
+    ``backend`` is gloo for CPU ranks, or ``"cpu:gloo,cuda:nccl"`` for one GPU
+    per rank: NCCL for CUDA tensors, gloo for CPU ones.
     """
     with tempfile.TemporaryDirectory() as tmp:
         # Fork, not spawn: a sphinx-gallery script is not an importable module.
-        ranks = mp.start_processes(_rank_main, args=(world_size, tmp, worker, args, timeout_s),
+        ranks = mp.start_processes(_rank_main, args=(world_size, tmp, worker, args, timeout_s, backend),
                                    nprocs=world_size, join=False, start_method="fork")
         deadline = time.monotonic() + timeout_s
         try:
@@ -59,14 +61,17 @@ def run_ranks(worker, world_size, *args, timeout_s=60):
             for process in ranks.processes:
                 process.kill()
                 process.join()
-        return [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(world_size)]
+        # On the CPU: this process must not start CUDA, or its next fork is unsafe.
+        return [torch.load(os.path.join(tmp, f"rank{r}.pt"), map_location="cpu") for r in range(world_size)]
 
 
-def _rank_main(rank, world_size, tmp, worker, args, timeout_s):
+def _rank_main(rank, world_size, tmp, worker, args, timeout_s, backend):
     torch.set_num_threads(1)  # one core per rank: the ranks share the machine
     try:
+        if "nccl" in backend:
+            torch.cuda.set_device(rank)  # one GPU per rank, chosen before NCCL starts
         # A file store needs no port, so nothing is left listening afterwards.
-        dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank,
+        dist.init_process_group(backend, init_method=f"file://{tmp}/store", rank=rank,
                                 world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
         torch.save(worker(rank, world_size, *args), os.path.join(tmp, f"rank{rank}.pt"))
     except BaseException:
