@@ -63,7 +63,10 @@ def running_time_as_raw_html(app, docname, source):
 def add_editions_to_context(app, pagename, templatename, context, doctree):
     context["editions"] = EDITIONS
     context["this_edition"] = app.config.language
-    context["edition_root"] = "../" * (pagename.count("/") + 1)
+    if pagename == "404":  # served at any depth: link from the site's root path
+        context["edition_root"] = urlsplit(app.config.course_site_root).path.rstrip("/") + "/"
+    else:
+        context["edition_root"] = "../" * (pagename.count("/") + 1)
 
 
 def place_absolute_urls_in_this_edition(app, config):

@@ -182,6 +182,9 @@ def test_404_page_works_at_any_depth(served, browser, edition):
     assert watch.failed == [f"404 {url}"], watch.failed  # the page itself, and nothing else
     home = page.locator('a[href$="/course/en/index.html"]').first  # hosts serve the root 404.html
     assert page.request.get(urljoin(url, home.get_attribute("href"))).status == 200
+    twin = urljoin(url, page.locator(".language-switcher a").first.get_attribute("href"))
+    assert twin.endswith("/404.html") and "/no/such/" not in twin, twin  # not relative to the missing page
+    assert page.request.get(twin).status == 200, twin
     context.close()
 
 
