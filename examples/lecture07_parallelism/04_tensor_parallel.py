@@ -12,9 +12,10 @@ collectives each layer issues, forward and backward.
 
 **Requirements.** On a CPU: gloo on loopback, 2 ranks. On a single GPU (T4 on
 Colab included): the same, gloo on CPU ranks, since the lesson is which bytes
-move, not how fast. With 2 or more GPUs the same code would run with NCCL, one
-process per GPU; this page does not. The sizes are small and nothing here is
-timed.
+move, not how fast. With 2 or more GPUs: NCCL, one process per GPU (as many
+ranks as GPUs where the hidden width divides), at larger sizes: a wider block
+and more tokens. The first line of output names the backend the figures come
+from. Nothing here is timed.
 """
 
 # %%
@@ -124,14 +125,41 @@ elif "fork" not in mp.get_all_start_methods():
 else:
     CAN_RUN_RANKS, WHY_NOT = True, ""
 
-WORLD_SIZE = 2
-D_MODEL = 29
-D_HIDDEN = 37 * WORLD_SIZE
-TOKENS = 11  # batch x sequence, flattened: the block treats every token alike
+# NCCL needs one process per GPU, and CUDA must not be initialised before the fork.
+USE_NCCL = (CAN_RUN_RANKS and torch.cuda.device_count() >= 2 and not torch.cuda.is_initialized()
+            and dist.is_nccl_available())
+BACKEND = "cpu:gloo,cuda:nccl" if USE_NCCL else "gloo"
+if CAN_RUN_RANKS and torch.cuda.device_count() >= 2 and not USE_NCCL:
+    print(f"{torch.cuda.device_count()} GPUs, but "
+          + ("CUDA is already initialised in this process, so no rank can be forked onto them"
+             if torch.cuda.is_initialized() else "this PyTorch has no NCCL")
+          + ": gloo on CPU ranks instead")
+
+
+def rank_device(rank):
+    """Where rank ``rank`` keeps its tensors: its own GPU under NCCL, else the CPU."""
+    return torch.device("cuda", rank) if USE_NCCL else torch.device("cpu")
+
+
+def gpu_name(rank, world_size):
+    return torch.cuda.get_device_name(rank)  # it initialises CUDA: only ever asked in a rank
+
+
+if USE_NCCL:
+    D_MODEL, D_HIDDEN, TOKENS = 1021, 4080, 1031  # 4080 splits into 2, 3, 4, 5, 6 or 8 shards
+    # As many ranks as GPUs, if the hidden width splits into that many shards.
+    WORLD_SIZE = max(n for n in range(2, torch.cuda.device_count() + 1) if D_HIDDEN % n == 0)
+    DEVICE_NAME = f"{WORLD_SIZE} x {run_ranks(gpu_name, 1, backend=BACKEND)[0]}"
+    print(f"backend: nccl (one process per GPU)   world size: {WORLD_SIZE}   device: {DEVICE_NAME}")
+else:
+    WORLD_SIZE = 2
+    D_MODEL = 29
+    D_HIDDEN = 37 * WORLD_SIZE
+    TOKENS = 11  # batch x sequence, flattened: the block treats every token alike
+    DEVICE_NAME = f"{platform.machine()} CPU, {os.cpu_count()} cores"
+    print(f"backend: gloo on CPU ranks (loopback)   world size: {WORLD_SIZE}   device: {DEVICE_NAME}")
 DTYPE = torch.float64  # the sharded and the whole block do the same sums: exact up to rounding
-DEVICE_NAME = f"{platform.machine()} CPU, {os.cpu_count()} cores"
 torch.manual_seed(0)
-print(f"backend: gloo on CPU ranks (loopback)   world size: {WORLD_SIZE}   device: {DEVICE_NAME}")
 print(f"block: {D_MODEL} -> {D_HIDDEN} -> {D_MODEL} features, {TOKENS} tokens, {DTYPE}")
 if not CAN_RUN_RANKS:
     skip_or_fail("the tensor-parallel runs", "distributed", WHY_NOT)
@@ -314,17 +342,18 @@ def bounds(index_slice):
 
 
 def hand_tensor_parallel(rank, world_size, full_block, x, grad_z):
-    block = TensorParallelMLP(full_block, rank, world_size)
-    z, grad_x, counts, kinds = forward_backward_counted(block, x, grad_z)
-    grads = {name: p.grad for name, p in block.named_parameters()}
-    return {"z": z, "grad_x": grad_x, "grads": grads, "counts": counts, "kinds": kinds,
+    device = rank_device(rank)
+    block = TensorParallelMLP(full_block, rank, world_size).to(device)
+    z, grad_x, counts, kinds = forward_backward_counted(block, x.to(device), grad_z.to(device))
+    grads = {name: p.grad.cpu() for name, p in block.named_parameters()}
+    return {"z": z.cpu(), "grad_x": grad_x.cpu(), "grads": grads, "counts": counts, "kinds": kinds,
             "rows": bounds(block.up.rows), "columns": bounds(block.down.columns)}
 
 
 full_block = MLPBlock(D_MODEL, D_HIDDEN, DTYPE)
 x = torch.randn(TOKENS, D_MODEL, dtype=DTYPE)
 grad_z = torch.randn(TOKENS, D_MODEL, dtype=DTYPE)  # random upstream gradient: no loss hides a term
-hand_ranks = run_ranks(hand_tensor_parallel, WORLD_SIZE, full_block, x, grad_z)
+hand_ranks = run_ranks(hand_tensor_parallel, WORLD_SIZE, full_block, x, grad_z, backend=BACKEND)
 
 # %%
 # Verify against the unsharded block
@@ -411,28 +440,29 @@ print(f"each all-reduce: {TOKENS} x {D_MODEL} float64 = {TOKENS * D_MODEL * 8} b
 # ---------------------------
 # ``parallelize_module`` does the slicing for us: ``ColwiseParallel`` shards
 # ``up.weight`` along dimension 0 (``Shard(0)``), ``RowwiseParallel`` shards
-# ``down.weight`` along dimension 1, on a one-dimensional CPU ``DeviceMesh``
-# of all ranks. The parameters become DTensors: a local shard plus its
+# ``down.weight`` along dimension 1, on a one-dimensional ``DeviceMesh``
+# of all ranks (of CPUs, or of GPUs under NCCL). The parameters become DTensors: a local shard plus its
 # placement. We check that DTensor picked the same slices as our hand version,
 # compare outputs and gradients with the whole block, and count again.
 
 
 def dtensor_tensor_parallel(rank, world_size, full_block, x, grad_z):
-    mesh = init_device_mesh("cpu", (world_size,))
-    block = parallelize_module(copy.deepcopy(full_block), mesh,
+    device = rank_device(rank)
+    mesh = init_device_mesh(device.type, (world_size,))
+    block = parallelize_module(copy.deepcopy(full_block).to(device), mesh,
                                {"up": ColwiseParallel(), "down": RowwiseParallel()})
-    z, grad_x, counts, kinds = forward_backward_counted(block, x, grad_z)
+    z, grad_x, counts, kinds = forward_backward_counted(block, x.to(device), grad_z.to(device))
     placements = {name: str(tuple(p.placements)) for name, p in block.named_parameters()}
-    local_weights = {name: p.to_local().detach().clone() for name, p in block.named_parameters()}
-    grads = {name: p.grad.to_local() for name, p in block.named_parameters()}
-    hand = TensorParallelMLP(full_block, rank, world_size)
-    return {"z": z, "grad_x": grad_x, "grads": grads, "counts": counts, "kinds": kinds,
+    local_weights = {name: p.to_local().detach().clone().cpu() for name, p in block.named_parameters()}
+    grads = {name: p.grad.to_local().cpu() for name, p in block.named_parameters()}
+    hand = TensorParallelMLP(full_block, rank, world_size)  # on the CPU, as the parent compares
+    return {"z": z.cpu(), "grad_x": grad_x.cpu(), "grads": grads, "counts": counts, "kinds": kinds,
             "placements": placements, "local_weights": local_weights,
             "hand_weights": {name: p.detach() for name, p in hand.named_parameters()},
             "rows": bounds(hand.up.rows), "columns": bounds(hand.down.columns)}
 
 
-dtensor_ranks = run_ranks(dtensor_tensor_parallel, WORLD_SIZE, full_block, x, grad_z)
+dtensor_ranks = run_ranks(dtensor_tensor_parallel, WORLD_SIZE, full_block, x, grad_z, backend=BACKEND)
 
 for rank, result in enumerate(dtensor_ranks):
     assert result["placements"]["up.weight"] == str((Shard(0),)), result["placements"]
@@ -473,8 +503,9 @@ print_counts("all-reduces per step, DTensor", dtensor_ranks[0]["counts"], PREDIC
 # query, key and value projections column-parallel, the output projection
 # row-parallel.
 #
-# The gloo all-reduces here are CPU processes on loopback: this page counts
-# bytes and collectives, it does not time them.
+# The all-reduces here are gloo between CPU processes on loopback, or NCCL
+# between GPUs, as the first line of output says: this page counts bytes and
+# collectives, it does not time them.
 
 KEY_FIGURES = {
     "hand_allreduces_forward": hand_ranks[0]["counts"]["Global"]["forward"],
