@@ -10,11 +10,13 @@ measure the idle time at the start and end of each step (the *bubble*) as the
 number of micro-batches grows.
 
 **Requirements.** On a CPU: gloo on loopback, 2 stages for the timings (one
-core each) and 4 stages for the exact checks. On one GPU or several (T4 on
-Colab included): the same, gloo on CPU ranks; a pipeline of GPUs would send
-its activations with NCCL, which this page does not run. With 4 or more CPU
-cores the timings use 4 stages. The times describe ranks on this machine's
-cores talking over loopback, not GPUs over NVLink.
+core each) and 4 stages for the exact checks. On one GPU (T4 on Colab
+included): the same, gloo on CPU ranks. With 4 or more CPU cores the timings
+use 4 stages. With 2 or more GPUs: NCCL, one process per GPU, at larger sizes:
+one stage per GPU (up to 8) for the timings, on a wider stack with larger and
+more micro-batches, and up to 4 for the checks. The times describe what the
+first line of output names: ranks on this machine's cores talking over
+loopback, or GPUs talking over NCCL.
 """
 
 # %%
@@ -93,7 +95,9 @@ def _rank_main(rank, world_size, tmp, worker, args, timeout_s, backend):
 # stage is a run of consecutive layers. One micro-batch's forward through one
 # stage is a few milliseconds of matmuls, large enough that the schedule's shape
 # shows through the cost of sending each 128 KiB activation between processes;
-# the take-away says how much of that cost remains in the measurement.
+# the take-away says how much of that cost remains in the measurement. With
+# NCCL the layers are wider and the micro-batches larger, so that a GPU's
+# matmuls still outlast the sends.
 
 import copy
 import platform
@@ -119,19 +123,57 @@ elif "fork" not in mp.get_all_start_methods():
 else:
     CAN_RUN_RANKS, WHY_NOT = True, ""
 
+# NCCL needs one process per GPU, and CUDA must not be initialised before the fork.
+USE_NCCL = (CAN_RUN_RANKS and torch.cuda.device_count() >= 2 and not torch.cuda.is_initialized()
+            and dist.is_nccl_available())
+BACKEND = "cpu:gloo,cuda:nccl" if USE_NCCL else "gloo"
+if CAN_RUN_RANKS and torch.cuda.device_count() >= 2 and not USE_NCCL:
+    print(f"{torch.cuda.device_count()} GPUs, but "
+          + ("CUDA is already initialised in this process, so no rank can be forked onto them"
+             if torch.cuda.is_initialized() else "this PyTorch has no NCCL")
+          + ": gloo on CPU ranks instead")
+
+
+def rank_device(rank):
+    """Where rank ``rank`` keeps its tensors: its own GPU under NCCL, else the CPU."""
+    return torch.device("cuda", rank) if USE_NCCL else torch.device("cpu")
+
+
+def synchronize(device):
+    """Wait for the work queued on a GPU, so that the clock read next has seen it done."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def gpu_name(rank, world_size):
+    return torch.cuda.get_device_name(rank)  # it initialises CUDA: only ever asked in a rank
+
+
 CORES = os.cpu_count() or 1
-TIMING_STAGES = 4 if CORES >= 4 else 2  # one core per busy rank, or the timings lie
-CHECK_STAGES = 4
-WIDTH = 512  # features per layer
 LAYERS_PER_STAGE = 6
-MICROBATCH_ROWS = 64
-MICROBATCH_COUNTS = [1, 2, 4, 8, 16]
 TIMED_STEPS = 3
 SCHEDULES = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}
-DEVICE_NAME = f"{platform.machine()} CPU, {CORES} cores"
+if USE_NCCL:
+    TIMING_STAGES = min(torch.cuda.device_count(), 8)  # a stage per GPU
+    CHECK_STAGES = min(torch.cuda.device_count(), 4)
+    # A GPU runs a 512-wide layer in microseconds: wider layers and larger micro-batches keep
+    # the matmuls longer than the sends and the schedule's own work.
+    WIDTH, MICROBATCH_ROWS = 2048, 1024
+    MICROBATCH_COUNTS = [1, 2, 4, 8, 16, 32, 64]
+    DEVICE_NAME = f"{TIMING_STAGES} x {run_ranks(gpu_name, 1, backend=BACKEND)[0]}"
+    print(f"backend: nccl (one process per GPU)   stages: {TIMING_STAGES} timed, {CHECK_STAGES} checked"
+          f"   device: {DEVICE_NAME}")
+else:
+    TIMING_STAGES = 4 if CORES >= 4 else 2  # one core per busy rank, or the timings lie
+    CHECK_STAGES = 4
+    WIDTH = 512  # features per layer
+    MICROBATCH_ROWS = 64
+    MICROBATCH_COUNTS = [1, 2, 4, 8, 16]
+    DEVICE_NAME = f"{platform.machine()} CPU, {CORES} cores"
+    print(f"backend: gloo on CPU ranks (loopback)   stages: {TIMING_STAGES} timed, {CHECK_STAGES} checked"
+          f"   device: {DEVICE_NAME}")
+BACKEND_NAME = "nccl" if USE_NCCL else "gloo"
 torch.manual_seed(0)
-print(f"backend: gloo on CPU ranks (loopback)   stages: {TIMING_STAGES} timed, {CHECK_STAGES} checked"
-      f"   device: {DEVICE_NAME}")
 
 
 def layer_stack(layers, width, dtype):
@@ -156,8 +198,10 @@ class TimedStage(PipelineStage):
         self.events = []  # (kind, micro-batch, start, end, seconds on a core)
 
     def _timed(self, kind, chunk, run):
+        synchronize(self.device)  # on a GPU: the received micro-batch has arrived
         start, start_on_core = time.perf_counter(), time.thread_time()
         output = run()
+        synchronize(self.device)  # on a GPU: its matmuls have run, not just been queued
         self.events.append((kind, chunk, start, time.perf_counter(),
                             time.thread_time() - start_on_core))
         return output
@@ -172,8 +216,9 @@ class TimedStage(PipelineStage):
 
 
 def make_schedule(rank, stages, module, schedule_name, microbatches):
-    """Stage ``rank`` of ``stages`` holding ``module``, and the schedule that drives it."""
-    stage = TimedStage(module, rank, stages, torch.device("cpu"))
+    """Stage ``rank`` of ``stages`` holding ``module`` on the rank's device, and its schedule."""
+    device = rank_device(rank)
+    stage = TimedStage(module.to(device), rank, stages, device)
     return stage, SCHEDULES[schedule_name](stage, microbatches, loss_fn=nn.functional.mse_loss)
 
 
@@ -186,9 +231,9 @@ def train_step(rank, stages, stage, schedule, inputs, targets):
     stage.events = []
     losses = []
     if rank == 0:
-        schedule.step(inputs)
+        schedule.step(inputs.to(stage.device))
     elif rank == stages - 1:
-        schedule.step(target=targets, losses=losses)
+        schedule.step(target=targets.to(stage.device), losses=losses)
     else:
         schedule.step()
     return stage.events, [loss.item() for loss in losses]
@@ -220,10 +265,10 @@ print(f"predicted bubble, p = {TIMING_STAGES}:  "
 # %%
 # Check: the pipeline computes what the unsplit model computes
 # ------------------------------------------------------------
-# Four stages of two layers each, on an awkward width, in float64. Each rank
-# runs one step of both schedules and one SGD update on its own layers; the
-# parent compares the losses, gradients and updated weights with one process
-# running the whole model on the whole batch. The schedules average the
+# Four stages (one per GPU if there are fewer) of two layers each, on an
+# awkward width, in float64. Each rank runs one step of both schedules and one
+# SGD update on its own layers; the parent compares the losses, gradients and
+# updated weights with one process running the whole model on the whole batch. The schedules average the
 # micro-batches' gradients (``scale_grads=True``), so the two should agree to
 # rounding.
 
@@ -237,12 +282,12 @@ def check_worker(rank, stages, model, inputs, targets, microbatches):
         module = stage_slice(model, rank, stages)
         stage, schedule = make_schedule(rank, stages, module, schedule_name, microbatches)
         events, losses = train_step(rank, stages, stage, schedule, inputs, targets)
-        grads = [p.grad.clone() for p in module.parameters()]
+        grads = [p.grad.clone().cpu() for p in module.parameters()]
         with torch.no_grad():
             for p in module.parameters():
                 p -= LEARNING_RATE * p.grad
         results[schedule_name] = {"events": events, "losses": losses, "grads": grads,
-                                  "weights": [p.detach().clone() for p in module.parameters()]}
+                                  "weights": [p.detach().clone().cpu() for p in module.parameters()]}
     return results
 
 
@@ -270,7 +315,7 @@ if CAN_RUN_RANKS:
                                dtype=torch.float64)
     check_targets = torch.randn_like(check_inputs)
     check_results = run_ranks(check_worker, CHECK_STAGES, check_model, check_inputs,
-                              check_targets, CHECK_MICROBATCHES)
+                              check_targets, CHECK_MICROBATCHES, backend=BACKEND)
     want_loss, want_grads, want_weights = reference_step(check_model, check_inputs, check_targets)
     for schedule_name in SCHEDULES:
         per_rank = [result[schedule_name] for result in check_results]
@@ -300,7 +345,9 @@ else:
 # micro-batch. For every schedule and micro-batch count each rank runs one
 # warm-up step and then a few timed steps, recording when each forward (F) and
 # backward (B) started and ended. ``time.perf_counter`` reads the same
-# monotonic clock in every process on Linux, so the ranks' bars share one axis.
+# monotonic clock in every process on Linux, so the ranks' bars share one axis;
+# on a GPU a rank synchronises with it before each reading, so that a bar spans
+# the GPU's work, not only its launch.
 # The micro-batch size is fixed: a larger :math:`m` is a larger batch, and the
 # work per micro-batch stays the same.
 
@@ -316,7 +363,7 @@ def timing_worker(rank, stages, model):
     steps = {}
     for schedule_name in SCHEDULES:
         for microbatches in microbatch_counts(schedule_name, stages):
-            inputs = torch.randn(MICROBATCH_ROWS * microbatches, WIDTH)
+            inputs = torch.randn(MICROBATCH_ROWS * microbatches, WIDTH, device=rank_device(rank))
             targets = torch.randn_like(inputs)
             stage, schedule = make_schedule(rank, stages, module, schedule_name, microbatches)
             timed = []
@@ -367,11 +414,11 @@ def draw_timeline(ax, ranks_events, title):
 if CAN_RUN_RANKS:
     timing_model = layer_stack(LAYERS_PER_STAGE * TIMING_STAGES, WIDTH, torch.float32)
     start = time.perf_counter()
-    timing_results = run_ranks(timing_worker, TIMING_STAGES, timing_model)
+    timing_results = run_ranks(timing_worker, TIMING_STAGES, timing_model, backend=BACKEND)
     print(f"timed {(1 + TIMED_STEPS) * len(timing_results[0])} steps per rank "
           f"in {time.perf_counter() - start:.1f} s")
 
-    shown_m = 2 * TIMING_STAGES
+    shown_m = min(m for m in MICROBATCH_COUNTS if m >= 2 * TIMING_STAGES)
     fig, axes = plt.subplots(1, 2, figsize=(11, 1.2 + 0.6 * TIMING_STAGES), sharex=True)
     for ax, schedule_name in zip(axes, SCHEDULES):
         step = least_disturbed_step(timing_results, schedule_name, shown_m)
@@ -379,7 +426,7 @@ if CAN_RUN_RANKS:
     fig.legend(handles=[Patch(color="tab:blue", label="forward (F)"),
                         Patch(color="tab:orange", label="backward (B)")],
                loc="lower center", ncol=2, frameon=False)
-    fig.suptitle(f"Measured pipeline schedules, gloo on {DEVICE_NAME}", fontsize="medium")
+    fig.suptitle(f"Measured pipeline schedules, {BACKEND_NAME} on {DEVICE_NAME}", fontsize="medium")
     fig.tight_layout(rect=(0, 0.08, 1, 1))
 
 # %%
@@ -400,8 +447,9 @@ if CAN_RUN_RANKS:
 # start at :math:`m = p`. GPipe runs forward after forward while its sends are
 # still in flight, and gloo moves them on threads of its own, which need a
 # core too; so GPipe's bubble is compared with the prediction only where the
-# machine has a spare core per rank, and neither is compared when other
-# processes held the cores during the timing (the printout says which).
+# machine has a spare core per rank (with NCCL, the GPUs move them: always),
+# and neither is compared when other processes held the cores during the
+# timing (the printout says which).
 
 
 def on_core_fraction(step):
@@ -442,14 +490,15 @@ if CAN_RUN_RANKS:
     ax.set_xlabel("micro-batches per step m")
     ax.set_ylabel("bubble (fraction of the step idle)")
     ax.set_ylim(0, None)
-    ax.set_title(f"Bubble, p = {TIMING_STAGES} stages, gloo on {DEVICE_NAME}\n"
+    ax.set_title(f"Bubble, p = {TIMING_STAGES} stages, {BACKEND_NAME} on {DEVICE_NAME}\n"
                  f"ranks on a core for at least {on_core:.0%} of their compute", fontsize="medium")
     ax.legend(frameon=False)
     fig.tight_layout()
 
     # GPipe's sends stay in flight while it computes; gloo moves them on threads
-    # of its own, which need a core beside each computing rank.
-    compared = [name for name in SCHEDULES if name != "GPipe" or CORES >= 2 * TIMING_STAGES]
+    # of its own, which need a core beside each computing rank (NCCL, on the GPU).
+    compared = [name for name in SCHEDULES
+                if name != "GPipe" or USE_NCCL or CORES >= 2 * TIMING_STAGES]
     if on_core < 0.9:
         print("Other processes took this machine's cores during the timing: the measured "
               "bubble is not compared with the prediction.")
@@ -469,7 +518,7 @@ if CAN_RUN_RANKS:
 # Memory: micro-batches in flight
 # -------------------------------
 # A stage keeps a micro-batch's activations from its forward until its
-# backward. From the check run's events (4 stages, 8 micro-batches) we count,
+# backward. From the check run's events (its stages, 8 micro-batches) we count,
 # on each rank, the most micro-batches whose forward had run and whose backward
 # had not. GPipe holds all :math:`m` of them on every rank; 1F1B holds at most
 # :math:`p` (on stage :math:`r`, :math:`p-r`), however large :math:`m` grows.
@@ -515,11 +564,12 @@ if CAN_RUN_RANKS:
 # * GPipe stores all :math:`m` micro-batches' activations at once; 1F1B stores
 #   at most :math:`p`. That is what makes a large :math:`m`, and so a small
 #   bubble, affordable in memory.
-# * On GPUs the stages would talk over NVLink or InfiniBand with NCCL, and the
-#   compute per micro-batch is far larger, so the send time matters less.
-#   Interleaved schedules, which give each rank several smaller stages,
-#   shrink the bubble further at the cost of more sends (Narayanan et al.
-#   2021). The timings here describe gloo on this CPU, nothing more.
+# * With NCCL the stages talk over the GPUs' links (NVLink or PCIe inside a
+#   machine, InfiniBand between machines), and the compute per micro-batch is
+#   far larger, so the send time matters less. Interleaved schedules, which
+#   give each rank several smaller stages, shrink the bubble further at the
+#   cost of more sends (Narayanan et al. 2021). The timings here describe
+#   what the first line of output names, nothing more.
 
 KEY_FIGURES = {"device": DEVICE_NAME, "stages_timed": TIMING_STAGES}
 if CAN_RUN_RANKS:

@@ -13,9 +13,11 @@ it.
 
 **Requirements.** The planner is arithmetic and runs anywhere; its cluster
 figures are a model built from NVIDIA's datasheets, not a measurement. The
-check at small scale uses gloo on loopback with 2 CPU ranks (on a machine
-with GPUs, T4 on Colab included, the same: gloo on CPU ranks); its numbers
-describe this machine's loopback, not NVLink or InfiniBand.
+check at small scale uses gloo on loopback with 2 CPU ranks (on a single GPU,
+T4 on Colab included, the same: gloo on CPU ranks). With 2 or more GPUs:
+NCCL, one process per GPU, at larger sizes (larger messages and models). Its
+numbers describe the machine that ran it, as the first line of output names
+it, not a GPU cluster.
 """
 
 # %%
@@ -111,10 +113,57 @@ elif "fork" not in mp.get_all_start_methods():
     CAN_RUN_RANKS, WHY_NOT = False, f"processes cannot be forked on {sys.platform}"
 else:
     CAN_RUN_RANKS, WHY_NOT = True, ""
-DEVICE_NAME = f"{platform.machine()} CPU, {os.cpu_count()} cores"
+
+# NCCL needs one process per GPU, and CUDA must not be initialised before the fork.
+USE_NCCL = (CAN_RUN_RANKS and torch.cuda.device_count() >= 2 and not torch.cuda.is_initialized()
+            and dist.is_nccl_available())
+BACKEND = "cpu:gloo,cuda:nccl" if USE_NCCL else "gloo"
+if CAN_RUN_RANKS and torch.cuda.device_count() >= 2 and not USE_NCCL:
+    print(f"{torch.cuda.device_count()} GPUs, but "
+          + ("CUDA is already initialised in this process, so no rank can be forked onto them"
+             if torch.cuda.is_initialized() else "this PyTorch has no NCCL")
+          + ": gloo on CPU ranks instead")
+
+
+def rank_device(rank):
+    """Where rank ``rank`` keeps its tensors: its own GPU under NCCL, else the CPU."""
+    return torch.device("cuda", rank) if USE_NCCL else torch.device("cpu")
+
+
+def synchronize(device):
+    """Wait for the work queued on a GPU, so that the clock read next has seen it done."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def gpu_name(rank, world_size):
+    return torch.cuda.get_device_name(rank)  # it initialises CUDA: only ever asked in a rank
+
+
+# The same size on GPUs: wider blocks add up longer float32 sums than the check's tolerance allows.
+TP_BLOCKS, TP_WIDTH, TP_FFN, TP_ROWS = 4, 256, 1024, 64
+if USE_NCCL:
+    SWEEP_BYTES = [2 ** k for k in range(8, 29, 2)]  # 256 B to 256 MiB
+    DP_WIDTHS = [1024, 2048, 2048, 1024]  # 8, 17 and 8 MB of weights
+    DP_ROWS = 96
+    # As many ranks as GPUs (up to 8), if the batch and the hidden width split that many ways.
+    CHECK_RANKS = max(n for n in range(2, min(torch.cuda.device_count(), 8) + 1)
+                      if DP_ROWS % n == 0 and TP_FFN % n == 0)
+    DEVICE_NAME = f"{CHECK_RANKS} x {run_ranks(gpu_name, 1, backend=BACKEND)[0]}"
+    CHECK_LINK = "nccl"
+    print(f"planner: a model of 8 x H200 nodes (datasheet figures)   check: nccl (one process per "
+          f"GPU), {CHECK_RANKS} ranks, {DEVICE_NAME}")
+else:
+    SWEEP_BYTES = [2 ** k for k in range(8, 25, 2)]  # 256 B to 16 MiB
+    DP_WIDTHS = [384, 1000, 1000, 384]  # a three-layer MLP: 1.5, 4 and 1.5 MB of weights
+    DP_ROWS = 48
+    CHECK_RANKS = 2
+    DEVICE_NAME = f"{platform.machine()} CPU, {os.cpu_count()} cores"
+    CHECK_LINK = "gloo, loopback"
+    print(f"planner: a model of 8 x H200 nodes (datasheet figures)   check: gloo on CPU ranks "
+          f"(loopback), 2 ranks, {DEVICE_NAME}")
+BACKEND_NAME = "nccl" if USE_NCCL else "gloo"
 torch.manual_seed(0)
-print(f"planner: a model of 8 x H200 nodes (datasheet figures)   check: gloo on CPU ranks "
-      f"(loopback), 2 ranks, {DEVICE_NAME}")
 
 # %%
 # The model and the cluster, with sources
@@ -361,16 +410,16 @@ fig.tight_layout()
 # Checking the cost model where we can
 # ------------------------------------
 # We cannot measure the cluster, but we can test the model's method on the
-# machine at hand. Two gloo ranks first time all-reduces over a range of
-# sizes; a least-squares fit of :math:`t = 2(n-1)\alpha + 2\frac{n-1}{n}S/\beta`
+# machine at hand. Two gloo ranks (with NCCL, one rank per GPU) first time
+# all-reduces over a range of sizes; a least-squares fit of :math:`t = 2(n-1)\alpha + 2\frac{n-1}{n}S/\beta`
 # (relative errors, so small and large messages count alike) gives this
 # machine's :math:`\alpha` and :math:`\beta`. From them we *predict* the
 # communication of two steps before running them:
 #
 # * a data-parallel step of a three-layer MLP, one all-reduce per gradient
 #   tensor (large messages: :math:`\beta` dominates);
-# * a tensor-parallel step of four Megatron MLP blocks split over the two
-#   ranks, one all-reduce of the activations per block forward and one of the
+# * a tensor-parallel step of four Megatron MLP blocks split over the ranks,
+#   one all-reduce of the activations per block forward and one of the
 #   input gradient backward (small messages: :math:`\alpha` matters).
 #
 # Then each rank runs the steps and times its all-reduces. As in the sweep, a
@@ -385,19 +434,17 @@ fig.tight_layout()
 # time the operating system takes to wake the receiving rank, which varies from
 # run to run far more than bandwidth does.
 
-SWEEP_BYTES = [2 ** k for k in range(8, 25, 2)]  # 256 B to 16 MiB
-REPEATS = 8
-DP_WIDTHS = [384, 1000, 1000, 384]  # a three-layer MLP: 1.5, 4 and 1.5 MB of weights
-DP_ROWS = 48
-TP_BLOCKS, TP_WIDTH, TP_FFN, TP_ROWS = 4, 256, 1024, 64
+REPEATS = 8  # the sizes are set with the backend, in the setup
 
 
 def timed_all_reduce(tensor, log, aligned):
     """All-reduce ``tensor`` and log its seconds; ``aligned`` first waits for every rank."""
+    synchronize(tensor.device)  # on a GPU: this rank's own work before it is not counted
     if aligned:
         dist.barrier()
     start = time.perf_counter()
     dist.all_reduce(tensor)
+    synchronize(tensor.device)  # on a GPU: the all-reduce has run, not just been queued
     log.append(time.perf_counter() - start)
 
 
@@ -430,11 +477,11 @@ class AllReduceBackward(torch.autograd.Function):
         return grad, None, None
 
 
-def sweep_all_reduce():
+def sweep_all_reduce(device):
     """This rank's seconds for ``REPEATS`` all-reduces of each size in SWEEP_BYTES."""
     samples = {}
     for nbytes in SWEEP_BYTES:
-        buffer = torch.ones(nbytes // 4)
+        buffer = torch.ones(nbytes // 4, device=device)
         samples[nbytes] = []
         for _ in range(REPEATS):
             timed_all_reduce(buffer, samples[nbytes], aligned=True)
@@ -493,13 +540,17 @@ def on_core_fraction(seconds=0.05):
 
 
 def sweep_worker(rank, world_size):
-    return sweep_all_reduce()
+    return sweep_all_reduce(rank_device(rank))
 
 
 def steps_worker(rank, world_size, dp_model, dp_inputs, dp_targets, tp_blocks, tp_inputs):
+    device = rank_device(rank)
+    dp_model, dp_inputs, dp_targets = dp_model.to(device), dp_inputs.to(device), dp_targets.to(device)
+    tp_inputs = tp_inputs.to(device)
     shard = TP_FFN // world_size
     mine = slice(rank * shard, (rank + 1) * shard)
-    my_blocks = [(up[:, mine].clone(), down[mine, :].clone()) for up, down in tp_blocks]
+    my_blocks = [(up[:, mine].clone().to(device), down[mine, :].clone().to(device))
+                 for up, down in tp_blocks]
     dist.barrier()
     on_core_before = on_core_fraction()
     logs = {}
@@ -511,7 +562,22 @@ def steps_worker(rank, world_size, dp_model, dp_inputs, dp_targets, tp_blocks, t
         logs["DP", aligned] = [run[0] for run in dp_runs]
         logs["TP", aligned] = [run[0] for run in tp_runs]
     return {"on_core": min(on_core_before, on_core_fraction()), "logs": logs,
-            "dp_grads": dp_runs[-1][1], "tp_output": tp_runs[-1][1], "tp_input_grad": tp_runs[-1][2]}
+            "dp_grads": [grad.cpu() for grad in dp_runs[-1][1]], "tp_output": tp_runs[-1][1].cpu(),
+            "tp_input_grad": tp_runs[-1][2].cpu()}
+
+
+def single_process_steps(rank, world_size, dp_model, dp_inputs, dp_targets, tp_blocks, tp_inputs):
+    """Both steps whole, in one process on rank ``rank``'s device: what every rank must match."""
+    device = rank_device(rank)
+    reference = mlp(DP_WIDTHS).to(device)
+    reference.load_state_dict(dp_model.state_dict())
+    nn.functional.mse_loss(reference(dp_inputs.to(device)), dp_targets.to(device)).backward()
+    x = tp_inputs.to(device).clone().requires_grad_()
+    hidden = x
+    for up, down in tp_blocks:
+        hidden = nn.functional.gelu(hidden @ up.to(device)) @ down.to(device)
+    hidden.sum().backward()
+    return [p.grad.cpu() for p in reference.parameters()], hidden.detach().cpu(), x.grad.cpu()
 
 
 def fit_alpha_beta(sweep, ranks):
@@ -530,14 +596,13 @@ def mlp(widths):
     return nn.Sequential(*layers[:-1])
 
 
-CHECK_RANKS = 2
 if CAN_RUN_RANKS:
-    sweep_logs = run_ranks(sweep_worker, CHECK_RANKS)
+    sweep_logs = run_ranks(sweep_worker, CHECK_RANKS, backend=BACKEND)
     sweep = {nbytes: collective_seconds([[[t] for t in logs[nbytes]] for logs in sweep_logs])
              for nbytes in SWEEP_BYTES}
     alpha, beta = fit_alpha_beta(sweep, CHECK_RANKS)
     print(f"fitted on this machine: alpha = {1e6 * alpha:.1f} us, beta = {beta / 1e9:.2f} GB/s "
-          f"(gloo, loopback, {CHECK_RANKS} ranks)")
+          f"({CHECK_LINK}, {CHECK_RANKS} ranks)")
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
     sizes = list(sweep)
@@ -548,7 +613,7 @@ if CAN_RUN_RANKS:
     ax.set_yscale("log")
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("time (ms)")
-    ax.set_title(f"All-reduce, {CHECK_RANKS} gloo ranks on {DEVICE_NAME}", fontsize="medium")
+    ax.set_title(f"All-reduce, {CHECK_RANKS} {BACKEND_NAME} ranks on {DEVICE_NAME}", fontsize="medium")
     ax.legend(frameon=False)
     fig.tight_layout()
 
@@ -572,28 +637,27 @@ else:
 # computes.
 
 if CAN_RUN_RANKS:
-    results = run_ranks(steps_worker, CHECK_RANKS, dp_model, dp_inputs, dp_targets, tp_blocks,
-                        tp_inputs)
+    step_inputs = (dp_model, dp_inputs, dp_targets, tp_blocks, tp_inputs)
+    results = run_ranks(steps_worker, CHECK_RANKS, *step_inputs, backend=BACKEND)
+    if USE_NCCL:
+        # One GPU computes the reference: the same float32 sums on another chip (this CPU)
+        # would differ by more than the ranks' own reordering of them.
+        want_dp_grads, want_tp_output, want_tp_input_grad = run_ranks(
+            single_process_steps, 1, *step_inputs, backend=BACKEND)[0]
+    else:
+        want_dp_grads, want_tp_output, want_tp_input_grad = single_process_steps(0, 1, *step_inputs)
 
-    reference = mlp(DP_WIDTHS)
-    reference.load_state_dict(dp_model.state_dict())
-    nn.functional.mse_loss(reference(dp_inputs), dp_targets).backward()
     for rank, result in enumerate(results):
-        for got, want in zip(result["dp_grads"], (p.grad for p in reference.parameters())):
+        for got, want in zip(result["dp_grads"], want_dp_grads):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6 * want.abs().max().item(),
                                        msg=lambda m, rank=rank: f"DP gradient, rank {rank}: {m}")
-    x = tp_inputs.clone().requires_grad_()
-    hidden = x
-    for up, down in tp_blocks:
-        hidden = nn.functional.gelu(hidden @ up) @ down
-    hidden.sum().backward()
     for rank, result in enumerate(results):
         assert all(len(log) == 2 * TP_BLOCKS for log in result["logs"]["TP", True]), "all-reduces per step"
-        torch.testing.assert_close(result["tp_output"], hidden.detach(), rtol=1e-5,
-                                   atol=1e-6 * hidden.abs().max().item(),
+        torch.testing.assert_close(result["tp_output"], want_tp_output, rtol=1e-5,
+                                   atol=1e-6 * want_tp_output.abs().max().item(),
                                    msg=lambda m, rank=rank: f"TP output, rank {rank}: {m}")
-        torch.testing.assert_close(result["tp_input_grad"], x.grad, rtol=1e-5,
-                                   atol=1e-6 * x.grad.abs().max().item(),
+        torch.testing.assert_close(result["tp_input_grad"], want_tp_input_grad, rtol=1e-5,
+                                   atol=1e-6 * want_tp_input_grad.abs().max().item(),
                                    msg=lambda m, rank=rank: f"TP input gradient, rank {rank}: {m}")
     print(f"DP gradients and TP outputs and input gradients match one process on all "
           f"{CHECK_RANKS} ranks")
@@ -639,7 +703,8 @@ if CAN_RUN_RANKS:
 #   latencies, evenly split stages. It ranks layouts; it does not predict a
 #   step time to the second.
 # * The method, fit alpha and beta and add up the messages, is the part we
-#   could test here, on gloo over loopback with two ranks; the table above
+#   could test here, on gloo over loopback with two ranks (with 2 or more
+#   GPUs, on NCCL); the table above
 #   compares its prediction with the measured communication of both steps.
 #   The fitted values describe this machine, not a GPU cluster.
 
