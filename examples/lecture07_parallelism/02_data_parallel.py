@@ -10,9 +10,12 @@ look at what ``DistributedDataParallel`` adds: gradient buckets, and
 all-reduces that run while the backward pass is still computing.
 
 **Requirements.** Any machine with ``torch.distributed`` and ``fork`` (Linux,
-macOS): 2 CPU ranks over gloo on loopback, on a CPU and on a GPU machine alike
-(a T4 on Colab included). The timeline shows CPU ranks on this machine's cores,
-not GPUs: on GPUs the all-reduces run on their own CUDA stream, over NCCL.
+macOS). On a CPU or a single GPU (a T4 on Colab included): 2 CPU ranks over
+gloo on loopback, and the timeline shows CPU ranks on this machine's cores.
+With 2 or more GPUs: NCCL, one process per GPU, at larger sizes (a wider and
+deeper model for DDP), and the timeline shows GPU kernels, the all-reduces on
+their own CUDA stream. The first line of the output names the run that produced
+this page's figures.
 """
 
 # %%
@@ -113,18 +116,52 @@ elif "fork" not in mp.get_all_start_methods():
 else:
     CAN_RUN_RANKS, WHY_NOT = True, ""
 
-WORLD_SIZE = 2
-DEVICE_NAME = f"{platform.machine()} CPU, {os.cpu_count()} cores"
+# NCCL needs one process per GPU, and CUDA must not be initialised before the fork.
+USE_NCCL = (CAN_RUN_RANKS and torch.cuda.device_count() >= 2 and not torch.cuda.is_initialized()
+            and dist.is_nccl_available())
+BACKEND = "cpu:gloo,cuda:nccl" if USE_NCCL else "gloo"
+
+
+def gpu_name(rank, world_size):
+    return torch.cuda.get_device_name(rank)
+
+
+def rank_device(rank):
+    return torch.device("cuda", rank) if USE_NCCL else torch.device("cpu")
+
+
+def synchronize(device):
+    """Wait for the kernels queued on a GPU; a CPU rank has none."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+if USE_NCCL:
+    WORLD_SIZE, BACKEND_NAME = torch.cuda.device_count(), "nccl"
+    # get_device_name initialises CUDA, which must not happen here before the fork: a rank asks.
+    DEVICE_NAME = f"{WORLD_SIZE} x {run_ranks(gpu_name, 1, backend=BACKEND)[0]}"
+else:
+    WORLD_SIZE, BACKEND_NAME = 2, "gloo"
+    DEVICE_NAME = f"{platform.machine()} CPU, {os.cpu_count()} cores"
+    if CAN_RUN_RANKS and torch.cuda.device_count() >= 2:
+        print(f"{torch.cuda.device_count()} GPUs, but gloo on CPU ranks: "
+              + ("CUDA is already initialised in this process, so forked ranks cannot use it"
+                 if torch.cuda.is_initialized() else "this PyTorch build has no NCCL"))
 # Part 1: a small MLP with awkward widths, a few SGD steps.
 IN_FEATURES, HIDDEN, OUT_FEATURES = 13, 37, 7
-GLOBAL_BATCH = 46  # 23 rows per rank
+ROWS_PER_RANK = 23
+GLOBAL_BATCH = ROWS_PER_RANK * WORLD_SIZE  # 46 on 2 ranks
 STEPS = 6
 LEARNING_RATE = 0.2
-# Part 2: layers large enough that backward takes tens of milliseconds.
-DDP_WIDTH, DDP_LAYERS, DDP_BATCH = 512, 6, 512
+# Part 2: layers large enough that backward takes a while; on GPUs, wider and more of them.
+DDP_WIDTH, DDP_LAYERS, DDP_ROWS_PER_RANK = (2048, 8, 512) if USE_NCCL else (512, 6, 256)
+DDP_BATCH = DDP_ROWS_PER_RANK * WORLD_SIZE
 BUCKET_CAP_MB = 1  # the default is 25; smaller, so that this model needs several buckets
 DDP_STEPS = 3
-print(f"backend: gloo (loopback, CPU ranks)   world size: {WORLD_SIZE}   device: {DEVICE_NAME}")
+if USE_NCCL:
+    print(f"backend: nccl (one process per GPU)   world size: {WORLD_SIZE}   device: {DEVICE_NAME}")
+else:
+    print(f"backend: gloo (loopback, CPU ranks)   world size: {WORLD_SIZE}   device: {DEVICE_NAME}")
 
 
 def small_mlp(dtype):
@@ -178,14 +215,15 @@ def data_parallel_step(model, inputs, targets, world_size, synchronise):
 
 
 def data_parallel_worker(rank, world_size, dtype, synchronise):
-    model = small_mlp(dtype)
+    device = rank_device(rank)
+    model = small_mlp(dtype).to(device)
     rows = GLOBAL_BATCH // world_size
     history = []
     for step in range(STEPS):
         inputs, targets = global_batch(step, dtype)
         mine = slice(rank * rows, (rank + 1) * rows)
-        data_parallel_step(model, inputs[mine], targets[mine], world_size, synchronise)
-        history.append(flat_weights(model))
+        data_parallel_step(model, inputs[mine].to(device), targets[mine].to(device), world_size, synchronise)
+        history.append(flat_weights(model).cpu())
     return history
 
 
@@ -210,10 +248,10 @@ def relative_difference(a, b):
 # %%
 # Same weights, in float64 and float32
 # ------------------------------------
-# The sums are not done in the same order: the single process adds all 46 rows
-# in one matrix product, data parallel adds 23 on each rank and then the two
-# partial sums. Floating-point addition is not associative, so the weights
-# may differ in the last bits, and they are checked to a tolerance scaled to
+# The sums are not done in the same order: the single process adds all the rows
+# (46 on two ranks) in one matrix product, data parallel adds 23 on each rank
+# and then the ranks' partial sums. Floating-point addition is not associative,
+# so the weights may differ in the last bits, and they are checked to a tolerance scaled to
 # the weights: in ``float64``, 1e-12 of the largest weight (each step can add a
 # few units of 1.1e-16); in ``float32``, 64 units of its rounding step,
 # 1.2e-7, of the largest weight. A missing all-reduce, a missing division by
@@ -228,7 +266,7 @@ def check_data_parallel():
     for dtype, tolerance in TOLERANCES.items():
         reference = single_process_history(dtype)
         for synchronise in (True, False):
-            ranks = run_ranks(data_parallel_worker, WORLD_SIZE, dtype, synchronise)
+            ranks = run_ranks(data_parallel_worker, WORLD_SIZE, dtype, synchronise, backend=BACKEND)
             differences[dtype, synchronise] = [relative_difference(w, ref) for w, ref in zip(ranks[0], reference)]
             if not synchronise:
                 continue
@@ -261,7 +299,7 @@ if CAN_RUN_RANKS:
     ax.set_yscale("log")
     ax.set_xlabel("SGD step")
     ax.set_ylabel("max |w_DP - w_single| / max |w_single|")
-    ax.set_title(f"Data parallel against one process, {WORLD_SIZE} ranks, gloo, {DEVICE_NAME}",
+    ax.set_title(f"Data parallel against one process, {WORLD_SIZE} ranks, {BACKEND_NAME}, {DEVICE_NAME}",
                  fontsize="medium")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False, fontsize="small")
     fig.tight_layout()
@@ -283,8 +321,8 @@ else:
 # from the second step on: the first step all-reduces every gradient as one
 # bucket and records the order in which they became ready, and DDP then builds
 # its buckets in that order. Our model is six 512 x 512 layers, 1 MiB of weights
-# and 2 KiB of bias each; with a 1 MiB cap, we predict one bucket per layer in
-# the last step. A
+# and 2 KiB of bias each (on GPUs, eight 2048 x 2048 layers of 16 MiB); with a
+# 1 MiB cap, we predict one bucket per layer in the last step. A
 # communication hook sees every bucket as DDP hands it over; ours records which
 # parameters it holds, then calls DDP's default all-reduce.
 
@@ -311,10 +349,29 @@ def recording_allreduce_hook(calls, names):
     return hook
 
 
+def timeline_events(profile, device):
+    """(name, lane, start, end), in microseconds, of the backward pass's work and its all-reduces.
+
+    CPU ranks: the autograd engine's functions, on the training thread, and
+    gloo's all-reduces, on gloo's threads. A GPU: every kernel, on its CUDA
+    stream (the device's resource id): the backward pass's kernels and NCCL's
+    all-reduce kernels. NCCL's CPU-side "nccl:all_reduce" event only marks the launch.
+    """
+    if device.type == "cuda":
+        return [(e.name, e.device_resource_id, e.time_range.start, e.time_range.end)
+                for e in profile.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return [(e.name, e.thread, e.time_range.start, e.time_range.end) for e in profile.events()
+            if e.name.startswith(("autograd::engine::evaluate_function:", "gloo:"))]
+
+
 def ddp_worker(rank, world_size):
-    model = ddp_model()
+    device = rank_device(rank)
+    model = ddp_model().to(device)
     names = {p.data_ptr(): name for name, p in model.named_parameters()}
-    ddp = DistributedDataParallel(model, bucket_cap_mb=BUCKET_CAP_MB)
+    # Gradients as views of the buckets: DDP copies nothing back after the all-reduces,
+    # so on a GPU no kernel of DDP's runs after them to blur the timeline.
+    ddp = DistributedDataParallel(model, device_ids=[rank] if device.type == "cuda" else None,
+                                  bucket_cap_mb=BUCKET_CAP_MB, gradient_as_bucket_view=True)
     calls = []
     ddp.register_comm_hook(None, recording_allreduce_hook(calls, names))
     rows = DDP_BATCH // world_size
@@ -323,17 +380,22 @@ def ddp_worker(rank, world_size):
     for step in range(DDP_STEPS):
         inputs, targets = ddp_batch(step)
         calls.clear()
-        F.mse_loss(ddp(inputs[mine]), targets[mine]).backward()
+        F.mse_loss(ddp(inputs[mine].to(device)), targets[mine].to(device)).backward()
         buckets_per_step.append(list(calls))
         sgd_step(ddp.module, LEARNING_RATE)
         ddp.zero_grad()
-    # One more backward, under the profiler: its events are the timeline below.
+    # One more backward, alone under the profiler: its events are the timeline below.
     inputs, targets = ddp_batch(DDP_STEPS)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
-        F.mse_loss(ddp(inputs[mine]), targets[mine]).backward()
-    events = [(e.name, e.thread, e.time_range.start, e.time_range.end) for e in profile.events()
-              if e.name.startswith(("autograd::engine::evaluate_function:", "gloo:"))]
-    return {"weights": flat_weights(ddp.module), "buckets": buckets_per_step, "events": events}
+    loss = F.mse_loss(ddp(inputs[mine].to(device)), targets[mine].to(device))
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    synchronize(device)  # the forward's kernels end before the profile begins
+    with torch.profiler.profile(activities=activities) as profile:
+        loss.backward()
+        synchronize(device)
+    return {"weights": flat_weights(ddp.module).cpu(), "buckets": buckets_per_step,
+            "events": timeline_events(profile, device)}
 
 
 def ddp_reference_weights():
@@ -369,7 +431,7 @@ def check_buckets(buckets_per_step, parameter_names):
 
 
 if CAN_RUN_RANKS:
-    DDP_RANKS = run_ranks(ddp_worker, WORLD_SIZE)
+    DDP_RANKS = run_ranks(ddp_worker, WORLD_SIZE, backend=BACKEND)
     parameter_names = [name for name, _ in ddp_model().named_parameters()]
     check_buckets(DDP_RANKS[0]["buckets"], parameter_names)
     last_step = DDP_RANKS[0]["buckets"][-1]
@@ -383,7 +445,8 @@ if CAN_RUN_RANKS:
     for rank, result in enumerate(DDP_RANKS):
         torch.testing.assert_close(result["weights"], reference, rtol=0,
                                    atol=TOLERANCES[torch.float32] * reference.abs().max().item())
-    print(f"DDP weights = single-process weights after {DDP_STEPS} steps, on both ranks (float32 tolerance)")
+    on_ranks = "both ranks" if WORLD_SIZE == 2 else f"all {WORLD_SIZE} ranks"
+    print(f"DDP weights = single-process weights after {DDP_STEPS} steps, on {on_ranks} (float32 tolerance)")
 else:
     skip_or_fail("DistributedDataParallel", "distributed", WHY_NOT)
 
@@ -392,15 +455,27 @@ else:
 # -----------------------------------------------------
 # The profiler recorded rank 0's fourth backward pass: the autograd engine's
 # functions on the training thread, and gloo's all-reduces on gloo's own
-# threads. If DDP waited for the backward pass to finish, every all-reduce
-# would start after the last backward function; we assert that the first one
-# starts before it, and measure how much of the communication the backward
-# pass hid.
+# threads (on GPUs: the backward pass's kernels, and NCCL's all-reduce kernels
+# on NCCL's own CUDA stream). If DDP waited for the backward pass to finish,
+# every all-reduce would start after the last backward function; we assert
+# that the first one starts before it, and measure how much of the
+# communication the backward pass hid.
+
+
+def is_all_reduce(name):
+    """gloo's all-reduce, or an NCCL all-reduce kernel: ncclDevKernel_AllReduce_Sum_f32_RING_LL(...)
+    since NCCL 2.19, whatever algorithm runs; ncclKernel_AllReduce_... before."""
+    return name == "gloo:all_reduce" or (name.startswith("nccl") and "AllReduce" in name)
+
+
+def is_backward(name):
+    """An autograd engine function on CPU ranks; on a GPU, any kernel that is not NCCL's."""
+    return name.startswith("autograd::") or not name.startswith(("nccl", "gloo:"))
 
 
 def overlap_summary(events):
-    backward = [(start, end) for name, _, start, end in events if name.startswith("autograd::")]
-    allreduce = sorted((start, end, thread) for name, thread, start, end in events if name == "gloo:all_reduce")
+    backward = [(start, end) for name, _, start, end in events if is_backward(name)]
+    allreduce = sorted((start, end, lane) for name, lane, start, end in events if is_all_reduce(name))
     if not backward or not allreduce:
         raise AssertionError(f"the profile holds {len(backward)} backward and {len(allreduce)} all-reduce events")
     origin, backward_end = min(s for s, _ in backward), max(e for _, e in backward)
@@ -414,20 +489,23 @@ if CAN_RUN_RANKS:
     first_allreduce = allreduce[0][0]
     if not first_allreduce < backward_end:
         raise AssertionError("the first all-reduce started only after the backward pass had ended")
-    print(f"backward pass: {(backward_end - origin) / 1e3:.1f} ms; first all-reduce starts at"
-          f" {(first_allreduce - origin) / 1e3:.1f} ms")
-    print(f"all-reduce time: {total / 1e3:.1f} ms in {len(allreduce)} calls, of which {hidden / 1e3:.1f} ms"
-          f" ({100 * hidden / total:.0f} %) ran while the backward pass was still computing")
+    digits = 2 if USE_NCCL else 1  # a GPU's backward pass takes about a millisecond
+    print(f"backward pass: {(backward_end - origin) / 1e3:.{digits}f} ms; first all-reduce starts at"
+          f" {(first_allreduce - origin) / 1e3:.{digits}f} ms")
+    print(f"all-reduce time: {total / 1e3:.{digits}f} ms in {len(allreduce)} calls, of which"
+          f" {hidden / 1e3:.{digits}f} ms ({100 * hidden / total:.0f} %) ran while the backward pass was still computing")
     exposed = max(0.0, max(end for _, end, _ in allreduce) - backward_end)
-    print(f"communication left after the backward pass: {exposed / 1e3:.1f} ms")
+    print(f"communication left after the backward pass: {exposed / 1e3:.{digits}f} ms")
 
-    gloo_threads = sorted({thread for _, _, thread in allreduce})
-    labels = ["backward (training thread)"] + [f"all-reduce (gloo thread {i + 1})" for i in range(len(gloo_threads))]
+    lanes = sorted({lane for _, _, lane in allreduce})  # gloo's threads, or NCCL's CUDA streams
+    lane_name = "NCCL stream" if USE_NCCL else "gloo thread"
+    labels = ["backward (GPU kernels)" if USE_NCCL else "backward (training thread)"] + [
+        f"all-reduce ({lane_name} {i + 1})" for i in range(len(lanes))]
     fig, ax = plt.subplots(figsize=(8, 1.2 + 0.7 * len(labels)))
     ax.broken_barh([((s - origin) / 1e3, (e - s) / 1e3) for s, e in backward], (-0.35, 0.7),
                    facecolors="C0", edgecolors="white", linewidth=0.5)
-    for bucket, (start, end, thread) in enumerate(allreduce):  # in order of start: bucket 0 first
-        y = 1 + gloo_threads.index(thread)
+    for bucket, (start, end, lane) in enumerate(allreduce):  # in order of start: bucket 0 first
+        y = 1 + lanes.index(lane)
         ax.broken_barh([((start - origin) / 1e3, (end - start) / 1e3)], (y - 0.35, 0.7),
                        facecolors="C1" if bucket % 2 == 0 else "C3", edgecolors="white")
         ax.text((start + end - 2 * origin) / 2e3, y, f"b{bucket}", ha="center", va="center",
@@ -438,7 +516,7 @@ if CAN_RUN_RANKS:
     ax.set_yticks(range(len(labels)), labels=labels)
     ax.set_ylim(-0.6, len(labels) - 0.3)
     ax.set_xlabel("time since the backward pass began (ms)")
-    ax.set_title(f"DDP on rank 0: {len(last_step)} buckets, gloo, {DEVICE_NAME}", fontsize="medium")
+    ax.set_title(f"DDP on rank 0: {len(last_step)} buckets, {BACKEND_NAME}, {DEVICE_NAME}", fontsize="medium")
     fig.tight_layout()
 
 # %%
@@ -456,11 +534,12 @@ if CAN_RUN_RANKS:
 # once. And the timeline shows buckets all-reduced while backward is still
 # computing the gradients of earlier layers; only what remains after the
 # last backward function, the all-reduce of the last bucket among them, adds
-# to the step time. On GPUs the same schedule runs on a separate CUDA stream
-# with NCCL; on this CPU the gloo threads and the training thread share two
-# cores with the other rank, so the overlap here shows the order of events,
-# not a speed-up. Example 03 keeps the same gradients but stops keeping a full
-# copy of everything on every rank.
+# to the step time. With NCCL on 2 or more GPUs the same schedule runs on a
+# separate CUDA stream, and the timeline shows GPU kernels; on CPU ranks the
+# gloo threads and the training thread share two cores with the other rank,
+# so the overlap there shows the order of events, not a speed-up. Example 03
+# keeps the same gradients but stops keeping a full copy of everything on
+# every rank.
 
 # %%
 # Key figures
@@ -470,6 +549,7 @@ if CAN_RUN_RANKS:
 if CAN_RUN_RANKS:
     KEY_FIGURES = {
         "device": DEVICE_NAME,
+        "backend": BACKEND_NAME,
         "world_size": WORLD_SIZE,
         "float64_relative_difference": DIFFERENCES[torch.float64, True][-1],
         "float32_relative_difference": DIFFERENCES[torch.float32, True][-1],
