@@ -12,9 +12,11 @@ one process.
 
 **Requirements.** On a CPU: gloo on loopback, 2 ranks. On a single GPU (T4 on
 Colab included): the same, gloo on CPU ranks; the memory measured is then CPU
-memory, counted tensor by tensor. With 2 or more GPUs the same code would run
-with NCCL, one process per GPU, and ``torch.cuda.memory_allocated`` would show
-the same bytes plus temporaries; this page does not run that.
+memory, counted tensor by tensor. With 2 or more GPUs: NCCL, one process per
+GPU, at larger sizes (a wider model for the byte counts), and
+``torch.cuda.memory_allocated`` shows the bytes of each rank's allocator beside
+the count. The first line of the output names the run that produced this
+page's figures.
 """
 
 # %%
@@ -94,6 +96,7 @@ def _rank_main(rank, world_size, tmp, worker, args, timeout_s, backend):
 # ranks and the padding that FSDP adds becomes visible.
 
 import copy
+import gc
 import itertools
 import math
 import platform
@@ -121,23 +124,50 @@ elif "fork" not in mp.get_all_start_methods():
 else:
     CAN_RUN_RANKS, WHY_NOT = True, ""
 
-WORLD_SIZE = 2
-LAYER_WIDTHS = [29, 67, 51, 23]  # odd everywhere: uneven shards on 2 ranks
+# NCCL needs one process per GPU, and CUDA must not be initialised before the fork.
+USE_NCCL = (CAN_RUN_RANKS and torch.cuda.device_count() >= 2 and not torch.cuda.is_initialized()
+            and dist.is_nccl_available())
+BACKEND = "cpu:gloo,cuda:nccl" if USE_NCCL else "gloo"
+
+
+def gpu_name(rank, world_size):
+    return torch.cuda.get_device_name(rank)
+
+
+def rank_device(rank):
+    return torch.device("cuda", rank) if USE_NCCL else torch.device("cpu")
+
+
+SMALL_WIDTHS = [29, 67, 51, 23]  # odd everywhere: uneven shards on 2 ranks
 ROWS_PER_RANK = 13  # each rank's part of the batch
+if USE_NCCL:
+    WORLD_SIZE, BACKEND_NAME = torch.cuda.device_count(), "nccl"
+    # get_device_name initialises CUDA, which must not happen here before the fork: a rank asks.
+    DEVICE_NAME = f"{WORLD_SIZE} x {run_ranks(gpu_name, 1, backend=BACKEND)[0]}"
+    # The model whose bytes are counted; primes but for 253 = 11 x 23: uneven shards on 2 to 8 GPUs.
+    LAYER_WIDTHS = [509, 2039, 1021, 253]
+    print(f"backend: nccl (one process per GPU)   world size: {WORLD_SIZE}   device: {DEVICE_NAME}")
+else:
+    WORLD_SIZE, BACKEND_NAME = 2, "gloo"
+    DEVICE_NAME = f"{platform.machine()} CPU, {os.cpu_count()} cores"
+    LAYER_WIDTHS = SMALL_WIDTHS
+    if CAN_RUN_RANKS and torch.cuda.device_count() >= 2:
+        print(f"{torch.cuda.device_count()} GPUs, but gloo on CPU ranks: "
+              + ("CUDA is already initialised in this process, so forked ranks cannot use it"
+                 if torch.cuda.is_initialized() else "this PyTorch build has no NCCL"))
+    print(f"backend: gloo on CPU ranks (loopback)   world size: {WORLD_SIZE}   device: {DEVICE_NAME}")
 TRAIN_STEPS = 3
 LEARNING_RATE = 1e-2
-DEVICE_NAME = f"{platform.machine()} CPU, {os.cpu_count()} cores"
-print(f"backend: gloo on CPU ranks (loopback)   world size: {WORLD_SIZE}   device: {DEVICE_NAME}")
 if not CAN_RUN_RANKS:
     skip_or_fail("the sharded runs", "distributed", WHY_NOT)
     sys.exit(0)  # everything below needs ranks
 
 
-def make_model(dtype):
-    """Linear layers of LAYER_WIDTHS with a GeLU between them, the same weights every call."""
+def make_model(dtype, widths=LAYER_WIDTHS):
+    """Linear layers of ``widths`` with a GeLU between them, the same weights every call."""
     torch.manual_seed(0)
     layers = []
-    for width_in, width_out in itertools.pairwise(LAYER_WIDTHS):
+    for width_in, width_out in itertools.pairwise(widths):
         layers += [nn.Linear(width_in, width_out, dtype=dtype), nn.GELU()]
     return nn.Sequential(*layers[:-1])
 
@@ -294,10 +324,10 @@ def mean_squared_error(model, inputs, targets):
     return (model(inputs) - targets).square().mean()
 
 
-def make_batch(dtype):
+def make_batch(dtype, widths=LAYER_WIDTHS):
     generator = torch.Generator().manual_seed(1)
-    inputs = torch.randn(WORLD_SIZE * ROWS_PER_RANK, LAYER_WIDTHS[0], generator=generator)
-    targets = torch.randn(WORLD_SIZE * ROWS_PER_RANK, LAYER_WIDTHS[-1], generator=generator)
+    inputs = torch.randn(WORLD_SIZE * ROWS_PER_RANK, widths[0], generator=generator)
+    targets = torch.randn(WORLD_SIZE * ROWS_PER_RANK, widths[-1], generator=generator)
     return inputs.to(dtype), targets.to(dtype)
 
 
@@ -307,19 +337,35 @@ def rank_rows(tensor, rank):
 
 def shard_with_fsdp(model, world_size, reshard_after_forward):
     """ZeRO-3 (reshard after forward) or ZeRO-2 (keep the gathered weights until backward)."""
-    # A CPU mesh, named: by default FSDP would pick a GPU where there is one.
-    mesh = init_device_mesh("cpu", (world_size,))
+    # The ranks' device, named: by default FSDP would pick a GPU where there is one, even for CPU ranks.
+    mesh = init_device_mesh("cuda" if USE_NCCL else "cpu", (world_size,))
     for layer in linear_layers(model):
         fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
     return fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
 
 
+def allocated_bytes(device):
+    """(now, peak) bytes of the CUDA caching allocator on ``device``; a CPU keeps no such count."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    return torch.cuda.memory_allocated(device), torch.cuda.max_memory_allocated(device)
+
+
 def one_step(rank, world_size, stage, model, inputs, targets):
     """One recorded Adam step of ``stage`` on this rank's rows; bytes held afterwards."""
+    device = rank_device(rank)
+    inputs, targets = inputs.to(device), targets.to(device)
+    gc.collect()  # the previous stage's model and optimizer are gone before the baseline
+    before = allocated_bytes(device)
+    model = model.to(device)
     if stage == "DDP":
-        wrapped = DistributedDataParallel(model, gradient_as_bucket_view=True)
+        wrapped = DistributedDataParallel(model, device_ids=[rank] if device.type == "cuda" else None,
+                                          gradient_as_bucket_view=True)
     else:
         wrapped = shard_with_fsdp(model, world_size, reshard_after_forward=(stage == "ZeRO-3"))
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)  # the peak of the step, not of the full copy FSDP shards
     optimizer = torch.optim.Adam(wrapped.parameters(), lr=LEARNING_RATE)
     recorder = CollectiveRecorder()
     with recorder:
@@ -329,7 +375,10 @@ def one_step(rank, world_size, stage, model, inputs, targets):
         loss.backward()
         optimizer.step()
     tensor_bytes, storage_bytes = held_bytes(wrapped, optimizer)
-    return {"tensor_bytes": tensor_bytes, "storage_bytes": storage_bytes,
+    after = allocated_bytes(device)
+    allocator = None if before is None else {"after step": after[0] - before[0], "peak": after[1] - before[0],
+                                             "allocated": after[0]}
+    return {"tensor_bytes": tensor_bytes, "storage_bytes": storage_bytes, "allocator": allocator,
             "weights_between_passes": weights_between_passes, "messages": recorder.messages}
 
 
@@ -341,7 +390,8 @@ def one_step_of_each(rank, world_size, stages, model, inputs, targets):
 MEASURED_STAGES = ("DDP", "ZeRO-2", "ZeRO-3")
 fp32_model = make_model(torch.float32)
 fp32_batch = make_batch(torch.float32)
-rank_results = run_ranks(one_step_of_each, WORLD_SIZE, MEASURED_STAGES, fp32_model, *fp32_batch)
+rank_results = run_ranks(one_step_of_each, WORLD_SIZE, MEASURED_STAGES, fp32_model, *fp32_batch,
+                         backend=BACKEND)
 measured = {stage: [result[stage] for result in rank_results] for stage in MEASURED_STAGES}
 
 # %%
@@ -384,20 +434,35 @@ def check_held_bytes(stage, rank, result):
 
 
 print(f"\nfp32 bytes per rank after one step ({params_total} parameters; prediction asserted):")
-print(f"{'stage':<8}{'rank':>5}{'weights':>9}{'grads':>8}{'Adam':>8}{'total':>8}"
-      f"{'predicted':>11}{'stored':>8}{'fwd-bwd weights':>17}")
+w = max(0, len(str(16 * params_total)) - 6)  # wider columns for the GPUs' model
+print(f"{'stage':<8}{'rank':>5}{'weights':>{9 + w}}{'grads':>{8 + w}}{'Adam':>{8 + w}}{'total':>{8 + w}}"
+      f"{'predicted':>{11 + w}}{'stored':>{8 + w}}{'fwd-bwd weights':>{17 + w}}")
 for stage in MEASURED_STAGES:
     for rank, result in enumerate(measured[stage]):
         prediction = check_held_bytes(stage, rank, result)
-        parts = "".join(f"{result['tensor_bytes'][part]:>8}" for part in PART_NAMES)
+        parts = "".join(f"{result['tensor_bytes'][part]:>{8 + w}}" for part in PART_NAMES)
         print(f"{stage:<8}{rank:>5}{parts}"
-              f"{sum(result['tensor_bytes'].values()):>8}{sum(prediction.values()):>11}"
-              f"{sum(result['storage_bytes'].values()):>8}{result['weights_between_passes']:>17}")
+              f"{sum(result['tensor_bytes'].values()):>{8 + w}}{sum(prediction.values()):>{11 + w}}"
+              f"{sum(result['storage_bytes'].values()):>{8 + w}}{result['weights_between_passes']:>{17 + w}}")
+last_rank = WORLD_SIZE - 1  # it keeps the fewest rows
 padding_bytes = FP32_BYTES["weights"] * (predicted_shard_elements(fp32_model, 0, WORLD_SIZE)[1]
-                                         - predicted_shard_elements(fp32_model, 1, WORLD_SIZE)[0])
-print(f"padding: rank 1's weight storage is {padding_bytes} bytes larger than its shards")
+                                         - predicted_shard_elements(fp32_model, last_rank, WORLD_SIZE)[0])
+print(f"padding: rank {last_rank}'s weight storage is {padding_bytes} bytes larger than its shards")
 
-fig, ax = plt.subplots(figsize=(6.4, 3.8))
+if USE_NCCL:
+    # The allocator also holds what no tensor of the count is: activations, gathered layers, buffers.
+    print("\nCUDA allocator per rank, MB (torch.cuda.memory_allocated after the step, max_memory_allocated"
+          " during it), from before the model reached the GPU:")
+    print(f"{'stage':<8}{'rank':>5}{'held tensors':>14}{'after step':>12}{'peak':>8}")
+    for stage in MEASURED_STAGES:
+        for rank, result in enumerate(measured[stage]):
+            held, allocator = sum(result["storage_bytes"].values()), result["allocator"]
+            # A lower bound that holds whatever else the rank keeps: its tensors are GPU memory.
+            assert held <= allocator["allocated"], (stage, rank, held, allocator)
+            print(f"{stage:<8}{rank:>5}{held / 1e6:>14.2f}{allocator['after step'] / 1e6:>12.2f}"
+                  f"{allocator['peak'] / 1e6:>8.2f}")
+
+fig, ax = plt.subplots(figsize=(max(6.4, 0.45 * WORLD_SIZE * len(MEASURED_STAGES)), 3.8))
 bar_labels = [f"{stage}\nrank {rank}" for stage in MEASURED_STAGES for rank in range(WORLD_SIZE)]
 bottom = [0] * len(bar_labels)
 for name, colour in zip(PART_NAMES, PART_COLOURS):
@@ -488,22 +553,29 @@ print(f"ZeRO-3 sends {zero3_over_ddp:.3f} x DDP's bytes (1.5 x, plus padding)")
 # %%
 # Training with FSDP2 matches one process
 # ---------------------------------------
-# Sharding must not change the arithmetic. Each rank trains on its half of
+# Sharding must not change the arithmetic. Each rank trains on its share of
 # the batch for a few Adam steps; FSDP's reduce-scatter averages the
-# gradients over ranks, which with equal halves is the gradient of the whole
+# gradients over ranks, which with equal shares is the gradient of the whole
 # batch's mean loss. One process trains the same model on the whole batch.
-# FSDP2 runs in float64 on gloo, so the two must agree to rounding: the
-# tolerance is a thousand float64 roundings of each tensor's largest value.
+# FSDP2 runs in float64, over gloo or NCCL alike, so the two must agree to
+# rounding: the tolerance is a thousand float64 roundings of each tensor's
+# largest value. The check trains the small model on every machine. Adam
+# divides each gradient by its own running root mean square, so where a
+# gradient is close to zero it magnifies rounding: the GPU runs' wider model,
+# trained the same way on CPU ranks, ends with a few of its million weights
+# beyond the tolerance, with no bug at all.
 
 
 def train_sharded(rank, world_size, model, inputs, targets):
-    model = shard_with_fsdp(model, world_size, reshard_after_forward=True)
+    device = rank_device(rank)
+    inputs, targets = inputs.to(device), targets.to(device)
+    model = shard_with_fsdp(model.to(device), world_size, reshard_after_forward=True)
     optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
     for _ in range(TRAIN_STEPS):
         optimizer.zero_grad()
         mean_squared_error(model, rank_rows(inputs, rank), rank_rows(targets, rank)).backward()
         optimizer.step()
-    return {name: p.full_tensor().detach() for name, p in model.named_parameters()}
+    return {name: p.full_tensor().detach().cpu() for name, p in model.named_parameters()}
 
 
 def train_in_one_process(model, inputs, targets):
@@ -515,9 +587,9 @@ def train_in_one_process(model, inputs, targets):
     return {name: p.detach() for name, p in model.named_parameters()}
 
 
-fp64_model = make_model(torch.float64)
-fp64_batch = make_batch(torch.float64)
-sharded_weights = run_ranks(train_sharded, WORLD_SIZE, fp64_model, *fp64_batch)
+fp64_model = make_model(torch.float64, SMALL_WIDTHS)
+fp64_batch = make_batch(torch.float64, SMALL_WIDTHS)
+sharded_weights = run_ranks(train_sharded, WORLD_SIZE, fp64_model, *fp64_batch, backend=BACKEND)
 reference_weights = train_in_one_process(copy.deepcopy(fp64_model), *fp64_batch)
 initial_weights = dict(fp64_model.named_parameters())
 largest_error = 0.0
@@ -542,19 +614,22 @@ print(f"FSDP2 after {TRAIN_STEPS} Adam steps on {WORLD_SIZE} ranks = one process
 # because every layer's weights are gathered twice per step.
 #
 # The tables show the same accounting, measured on real shards: each FSDP
-# rank holds half of every tensor (rank 0 one row more where the rows are
-# odd), its weight storage is padded so that all ranks' pieces are equal, and
-# the collectives carry exactly the padded bytes predicted. The training
+# rank holds its share of every tensor (on two ranks, rank 0 one row more
+# where the rows are odd), its weight storage is padded so that all ranks'
+# pieces are equal, and the collectives carry exactly the padded bytes predicted. The training
 # check shows that none of this changes the result.
 #
 # What a GPU adds: FSDP2 with a ``MixedPrecisionPolicy`` gathers bf16 weights
 # (half the all-gather bytes) while keeping fp32 shards as the master copy,
-# and ``torch.cuda.memory_allocated`` then also shows the gathered layers and
-# the activations, which no ZeRO stage shards. The gloo collectives here move
-# bytes between CPU processes on loopback: this page counts bytes, it does not
-# time NVLink or InfiniBand.
+# and ``torch.cuda.memory_allocated``, printed per rank on 2 or more GPUs,
+# also counts the gathered layers and the activations, which no ZeRO stage
+# shards. On CPU ranks the gloo collectives move bytes between processes on
+# loopback; either way this page counts bytes, it does not time NVLink or
+# InfiniBand.
 
 KEY_FIGURES = {
+    "device": DEVICE_NAME,
+    "backend": BACKEND_NAME,
     "params": params_total,
     "ddp_bytes_per_rank": sum(measured["DDP"][0]["tensor_bytes"].values()),
     "zero3_bytes_rank0": sum(measured["ZeRO-3"][0]["tensor_bytes"].values()),
