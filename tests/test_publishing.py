@@ -163,3 +163,22 @@ def test_figures_and_formulas_are_in_place_at_first_paint(site, edition):
     fonts = [link["href"] for link in lecture.head.select('link[rel="preload"][as="font"]')]
     assert any("KaTeX_Main-Regular" in href for href in fonts), fonts
     assert all((root / "lectures" / href).resolve().is_file() for href in fonts)
+
+
+@pytest.mark.parametrize("edition", EDITIONS)
+def test_the_icon_font_holds_the_icons_the_site_shows_and_no_more(site, edition):
+    """Font Awesome's solid face is cut to the site's icons, and keeps every one of them."""
+    import page_speed
+    from fontTools.ttLib import TTFont
+
+    checkout, _ = site
+    root = checkout / "_build" / "html" / edition
+    font = root / page_speed.FONT_AWESOME_SOLID
+    shown = page_speed.icons_in_use(root)
+    # the navbar's search, language and theme icons, and the note admonition's
+    assert {0xF002, 0xF1AB, 0xF185, 0xF05A} <= shown, sorted(map(hex, shown))
+    cmap = TTFont(font).getBestCmap()
+    brands = TTFont(font.with_name("fa-brands-400.woff2")).getBestCmap()  # GitHub's, GitLab's
+    missing = shown - set(cmap) - set(brands)
+    assert not missing, sorted(map(hex, missing))
+    assert len(cmap) < 100 and font.stat().st_size < 10_000, (len(cmap), font.stat().st_size)
