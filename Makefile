@@ -148,7 +148,8 @@ clean:
 # matplotlib, which it has; not jieba or sphinx-intl, which only the Chinese
 # edition needs; not mini-racer (22 MiB), without which its check build lets the
 # browser typeset formulas (the published site is built on a CPU runner, which
-# installs it). The folder is at most 40 MiB; the rule fails above that.
+# installs it); not fonttools and brotli, which only shrink the published site's
+# icon font (sphinxext/page_speed.py leaves it whole without them). The folder is at most 40 MiB; the rule fails above that.
 # (The tests' CPU rehearsal downloads them for its own Python: GPU_PYTHON_VERSION=3.11.)
 GPU_PYTHON_VERSION ?= 3.12
 GPU_WHEELS ?= .cache/gpu-wheels
@@ -156,7 +157,7 @@ GPU_WHEELS ?= .cache/gpu-wheels
 gpu-wheels: $(GPU_WHEELS)/requirements.txt
 $(GPU_WHEELS)/requirements.txt: requirements-docs.txt
 	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
-	grep -v -E '^(jieba|sphinx-intl|mini-racer)==' requirements-docs.txt > $(GPU_WHEELS)/english-edition.txt
+	grep -v -E '^(jieba|sphinx-intl|mini-racer|fonttools|brotli)==' requirements-docs.txt > $(GPU_WHEELS)/english-edition.txt
 	$(CHECK_PYTHON) -m pip download --quiet --disable-pip-version-check -d $(GPU_WHEELS) \
 	  -r $(GPU_WHEELS)/english-edition.txt --only-binary=:all: --python-version $(GPU_PYTHON_VERSION) \
 	  --implementation cp --abi cp$(subst .,,$(GPU_PYTHON_VERSION)) --platform manylinux2014_x86_64 \
