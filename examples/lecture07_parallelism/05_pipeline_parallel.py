@@ -193,15 +193,18 @@ def stage_slice(model, stage, stages):
 class TimedStage(PipelineStage):
     """A pipeline stage that records when each micro-batch's forward and backward ran."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, module, stage_index, num_stages, device):
+        super().__init__(module, stage_index, num_stages, device)
+        self.timed_device = device
         self.events = []  # (kind, micro-batch, start, end, seconds on a core)
 
     def _timed(self, kind, chunk, run):
-        synchronize(self.device)  # on a GPU: the received micro-batch has arrived
+        # CUDA spins while it waits when a process has fewer GPU contexts than the machine has
+        # cores (its default), so on a GPU the time on a core still tells if the rank had one.
+        synchronize(self.timed_device)  # on a GPU: the received micro-batch has arrived
         start, start_on_core = time.perf_counter(), time.thread_time()
         output = run()
-        synchronize(self.device)  # on a GPU: its matmuls have run, not just been queued
+        synchronize(self.timed_device)  # on a GPU: its matmuls have run, not just been queued
         self.events.append((kind, chunk, start, time.perf_counter(),
                             time.thread_time() - start_on_core))
         return output
@@ -231,9 +234,9 @@ def train_step(rank, stages, stage, schedule, inputs, targets):
     stage.events = []
     losses = []
     if rank == 0:
-        schedule.step(inputs.to(stage.device))
+        schedule.step(inputs.to(stage.timed_device))
     elif rank == stages - 1:
-        schedule.step(target=targets.to(stage.device), losses=losses)
+        schedule.step(target=targets.to(stage.timed_device), losses=losses)
     else:
         schedule.step()
     return stage.events, [loss.item() for loss in losses]
