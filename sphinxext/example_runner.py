@@ -73,9 +73,8 @@ def _prepare(src_file, gallery_dir):
     "cxx,nvcc,triton,inductor,distributed" on CUDA. A value already in the environment wins;
     an empty one makes a lenient build.
     """
-    import torch
 
-    strict = "cxx,nvcc,triton,inductor" if torch.cuda.is_available() else "cxx,triton,inductor"
+    strict = "cxx,nvcc,triton,inductor" if gpu_present() else "cxx,triton,inductor"
     strict += ",distributed"  # lecture 7 forks its ranks with torch.distributed
     os.environ.setdefault("COURSE_REQUIRE", strict)
     _use_triton_interpreter_without_cuda()
@@ -96,10 +95,17 @@ def _prepare(src_file, gallery_dir):
     signal.alarm(limit)
 
 
-def _use_triton_interpreter_without_cuda():
+def gpu_present():
+    """Whether this machine has a GPU, asked of NVML: ``torch.cuda.is_available()``
+    starts the CUDA driver, after which lecture 7's forked NCCL ranks cannot use it."""
     import torch
 
-    if not torch.cuda.is_available():
+    return torch.cuda.device_count() > 0
+
+
+def _use_triton_interpreter_without_cuda():
+
+    if not gpu_present():
         os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
@@ -116,7 +122,7 @@ def _free_memory():
 
     torch._dynamo.reset()
     gc.collect()
-    if torch.cuda.is_available():
+    if torch.cuda.is_initialized():  # nothing to free otherwise, and CUDA stays unstarted
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -168,7 +174,7 @@ def _start_run():
     import torch
 
     _run.clear()
-    if torch.cuda.is_available():
+    if torch.cuda.is_initialized():
         torch.cuda.reset_peak_memory_stats()
     _run["start"] = time.perf_counter()
 
@@ -177,7 +183,7 @@ def _finish_run(gallery_conf, src_file):
     import torch
 
     seconds = time.perf_counter() - _run.pop("start", time.perf_counter())
-    cuda = torch.cuda.is_available()
+    cuda = gpu_present()
     failures = {Path(k).resolve(): v for k, v in gallery_conf["failing_examples"].items()}
     failure = failures.get(src_file.resolve())
     return {
