@@ -78,3 +78,17 @@ def test_a_failing_rank_fails_the_call_in_time_and_leaves_nothing(body, error, s
     assert shown in output, output
     assert float(lines["seconds"]) < 8 + 10, output  # within the timeout, plus the kill
     assert lines["children"] == "left 0", output
+
+
+@pytest.mark.parametrize("example", EXAMPLES[1:], ids=lambda e: e.stem)
+def test_every_launch_names_the_backend_that_the_machine_chose(example):
+    """On 2+ GPUs every example runs NCCL ranks: no call may fall back to the gloo default by omission."""
+    source = example.read_text()
+    assert 'BACKEND = "cpu:gloo,cuda:nccl" if USE_NCCL else "gloo"' in source
+    calls = [node for node in ast.walk(ast.parse(source))
+             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "run_ranks"]
+    assert calls, f"{example.name} starts no ranks"
+    for call in calls:
+        backend = {k.arg: k.value for k in call.keywords}.get("backend")
+        assert isinstance(backend, ast.Name) and backend.id == "BACKEND", \
+            f"{example.name}:{call.lineno}: run_ranks(...) without backend=BACKEND"

@@ -73,9 +73,10 @@ def _rank_main(rank, world_size, tmp, worker, args, timeout_s, backend):
     try:
         if "nccl" in backend:
             torch.cuda.set_device(rank)  # one GPU per rank, chosen before NCCL starts
-        # A file store needs no port, so nothing is left listening afterwards.
-        dist.init_process_group(backend, init_method=f"file://{tmp}/store", rank=rank,
-                                world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
+        # A file store needs no port, so nothing is left listening afterwards. The group's
+        # own timeout comes after the parent's deadline, which so reports every hang itself.
+        dist.init_process_group(backend, init_method=f"file://{tmp}/store", rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s + 30))
         torch.save(worker(rank, world_size, *args), os.path.join(tmp, f"rank{rank}.pt"))
     except BaseException:
         # Named by the time, so that the parent can tell the first failure from its echoes.
