@@ -15,6 +15,7 @@ from babel.messages.pofile import read_po
 from tools.catalog_stats import LOCALE, all_stats, fuzzy_headers
 from tools.check_translation import (
     markup_findings,
+    rst_findings,
     translated_messages,
     typography_findings,
     write_catalog,
@@ -140,6 +141,24 @@ def test_a_markup_change_is_reported(tmp_path, msgid, msgstr, lost):
     findings = markup_findings(translated_messages(tmp_path))
     assert [(f.catalog, f.msgid) for f in findings] == [(PLANTED, msgid)]
     assert lost in findings[0].detail, findings[0].detail
+
+
+def test_every_example_translation_is_well_formed_rst():
+    findings = rst_findings(translated_messages())
+    assert not findings, "\n".join(map(str, findings))
+
+
+@pytest.mark.parametrize("msgstr, ok", [
+    ("``torch.cuda.memory_allocated``（按 rank 打印）", False),
+    ("见 :math:`B`的值", False),
+    ("``torch.cuda.memory_allocated``\\ （按 rank 打印）", True),
+    ("用 ``do_bench`` 计时，见 :ref:`基准 <bench>`。", True),
+])
+def test_an_unclosed_literal_is_reported(tmp_path, msgstr, ok):
+    name = "auto_examples/lecture07_parallelism/planted.po"
+    write_catalog(tmp_path, name, [("Planted.", msgstr)])
+    findings = rst_findings(translated_messages(tmp_path))
+    assert [f.msgid for f in findings] == ([] if ok else ["Planted."]), findings
 
 
 def test_a_formula_of_a_myst_page_translates_its_words_only(tmp_path):
