@@ -166,19 +166,23 @@ def test_figures_and_formulas_are_in_place_at_first_paint(site, edition):
 
 
 @pytest.mark.parametrize("edition", EDITIONS)
-def test_the_icon_font_holds_the_icons_the_site_shows_and_no_more(site, edition):
-    """Font Awesome's solid face is cut to the site's icons, and keeps every one of them."""
+def test_the_icon_fonts_hold_the_icons_the_site_shows_and_no_more(site, edition):
+    """Font Awesome's faces are cut to the site's icons, and keep every one of them."""
     import page_speed
+    import pydata_sphinx_theme
     from fontTools.ttLib import TTFont
 
     checkout, _ = site
     root = checkout / "_build" / "html" / edition
-    font = root / page_speed.FONT_AWESOME_SOLID
     shown = page_speed.icons_in_use(root)
-    # the navbar's search, language and theme icons, and the note admonition's
-    assert {0xF002, 0xF1AB, 0xF185, 0xF05A} <= shown, sorted(map(hex, shown))
-    cmap = TTFont(font).getBestCmap()
-    brands = TTFont(font.with_name("fa-brands-400.woff2")).getBestCmap()  # GitHub's, GitLab's
-    missing = shown - set(cmap) - set(brands)
-    assert not missing, sorted(map(hex, missing))
-    assert len(cmap) < 100 and font.stat().st_size < 10_000, (len(cmap), font.stat().st_size)
+    # the navbar's search, language and theme icons, the note admonition's, GitHub's
+    assert {0xF002, 0xF1AB, 0xF185, 0xF05A, 0xF09B} <= shown, sorted(map(hex, shown))
+    whole = Path(pydata_sphinx_theme.__file__).parent / "theme" / "pydata_sphinx_theme" / "static"
+    kept = set()
+    for font in sorted((root / page_speed.FONT_AWESOME).glob("fa-*.woff2")):
+        original = set(TTFont(whole / page_speed.FONT_AWESOME.removeprefix("_static/") / font.name).getBestCmap())
+        cut = set(TTFont(font).getBestCmap())
+        assert cut == original & shown, (font.name, sorted(map(hex, cut ^ (original & shown))))
+        assert font.stat().st_size < 10_000, (font.name, font.stat().st_size)
+        kept |= cut
+    assert kept == shown, sorted(map(hex, shown - kept))  # no icon is in none of the faces
