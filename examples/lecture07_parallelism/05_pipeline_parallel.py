@@ -201,7 +201,7 @@ class TimedStage(PipelineStage):
 
     def _timed(self, kind, chunk, run):
         # CUDA spins while it waits when a process has fewer GPU contexts than the machine has
-        # cores (its default), so on a GPU the time on a core still tells if the rank had one.
+        # cores (its default), so on a GPU a forward's time on a core still tells if the rank had one.
         synchronize(self.timed_device)  # on a GPU: the received micro-batch has arrived
         start, start_on_core = time.perf_counter(), time.thread_time()
         output = run()
@@ -457,9 +457,13 @@ if CAN_RUN_RANKS:
 
 
 def on_core_fraction(step):
-    """Seconds the ranks' compute ran on a core over the seconds it took."""
-    return (sum(on_core for events in step for *_, on_core in events)
-            / sum(end - start for events in step for _, _, start, end, _ in events))
+    """Seconds the ranks' compute ran on a core over the seconds it took.
+
+    On a GPU only the forwards count: autograd runs a CUDA backward on its own
+    device thread, whose time on a core ``time.thread_time`` does not see.
+    """
+    timed = [event for events in step for event in events if not USE_NCCL or event[0] == "F"]
+    return sum(on_core for *_, on_core in timed) / sum(end - start for _, _, start, end, _ in timed)
 
 
 def measured_bubble(step):
