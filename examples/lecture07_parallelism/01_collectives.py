@@ -133,6 +133,10 @@ else:
     TIMING_RANKS = 4 if CORES >= 4 else 2  # one core per rank, or the timings measure contention
     BACKEND, DEVICE_NAME = "gloo", f"{platform.machine()} CPU, {CORES} cores"
     SIZES = [2**k for k in range(12, 25, 2)]  # bytes: 4 KiB to 16 MiB
+    if CAN_RUN_RANKS and torch.cuda.device_count() >= 2:
+        print(f"{torch.cuda.device_count()} GPUs, but gloo on CPU ranks: "
+              + ("CUDA is already initialised in this process, so forked ranks cannot use it"
+                 if torch.cuda.is_initialized() else "this PyTorch build has no NCCL"))
 CHECK_RANKS = 3  # an odd count: no collective may assume a power of two
 CHECK_CHUNK = 1013  # elements per rank's chunk: a prime, so nothing divides evenly by luck
 REPEATS = 7
