@@ -125,7 +125,9 @@ def gpu_name(rank, world_size):
 
 
 if USE_NCCL:
-    TIMING_RANKS = torch.cuda.device_count()
+    # The sizes are powers of two, which reduce-scatter, all-gather and all-to-all cut into
+    # world-size equal chunks: as many GPUs as the largest power of two among them.
+    TIMING_RANKS = 2 ** (torch.cuda.device_count().bit_length() - 1)
     # get_device_name initialises CUDA, which must not happen here before the fork: a rank asks.
     BACKEND, DEVICE_NAME = "nccl", f"{TIMING_RANKS} x {run_ranks(gpu_name, 1)[0]}"
     SIZES = [2**k for k in range(12, 29, 2)]  # bytes: 4 KiB to 256 MiB
