@@ -250,7 +250,9 @@ fig.tight_layout()
 # timer and the library should agree. We check this on the matmul above and
 # on a large elementwise addition, and raise if they still differ by more than
 # a factor of two after three attempts: another program on a busy machine can
-# upset one pair of measurements, but not a correct timer every time.
+# upset one pair of measurements, but not a correct timer every time. Only on
+# a CPU that other programs keep busy throughout, which shows as this process
+# getting less than its cores, are the timers printed and not compared.
 
 AGREEMENT_FACTOR = 2.0
 ATTEMPTS = 3
@@ -265,18 +267,29 @@ def library_median(fn):
 
 print(f"{'workload':<24}  {'hand (ms)':>9}  {'library (ms)':>12}  {'hand/library':>12}")
 def timers_agree(label, fn):
+    """Whether the two timers agree, and the least share of its cores this process got."""
+    least_share = 1.0
     for _ in range(ATTEMPTS):
+        wall, cpu = time.perf_counter(), time.process_time()
         hand = benchmark(fn, warmup=5, repeats=50)
         library = library_median(fn)
+        share = (time.process_time() - cpu) / (time.perf_counter() - wall) / torch.get_num_threads()
+        least_share = min(least_share, share)
         print(f"{label:<24}  {ms(hand):9.4f}  {ms(library):12.4f}  {hand / library:12.3f}")
         if 1 / AGREEMENT_FACTOR < hand / library < AGREEMENT_FACTOR:
-            return True
-    return False
+            return True, least_share
+    return False, least_share
 
 
 for label, fn in [(f"matmul {DEMO_N}, {dtype_name(DEMO_DTYPE)}", demo_matmul),
                   (f"add of {add_numel} floats", elementwise_add(add_numel))]:
-    if not timers_agree(label, fn):
+    agree, share = timers_agree(label, fn)
+    # A CPU shared with other programs (a test run beside this build) can upset every
+    # attempt; that shows as this process getting less than its cores. A GPU never excuses it.
+    if not agree and DEVICE == "cpu" and share < 0.8:
+        print(f"Other processes took this machine's cores (this one got {share:.0%} of its"
+              f" {torch.get_num_threads()}): the timers on {label} are printed, not compared.")
+    elif not agree:
         raise RuntimeError(f"hand timer and torch.utils.benchmark disagree on {label}")
 
 # %%
