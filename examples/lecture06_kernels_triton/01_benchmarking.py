@@ -250,9 +250,12 @@ fig.tight_layout()
 # timer and the library should agree. We check this on the matmul above and
 # on a large elementwise addition, and raise if they still differ by more than
 # a factor of two after three attempts: another program on a busy machine can
-# upset one pair of measurements, but not a correct timer every time. Only on
-# a CPU that other programs keep busy throughout, which shows as this process
-# getting less than its cores, are the timers printed and not compared.
+# upset one pair of measurements, but not a correct timer every time. One
+# exception, on a CPU only: if every attempt disagrees and in each this process
+# ran less than 80 % of its threads' time, both while the hand timer ran and
+# while the library ran, as when other programs keep the cores busy
+# throughout, the timers are printed but not compared. On a GPU a disagreement
+# always raises.
 
 AGREEMENT_FACTOR = 2.0
 ATTEMPTS = 3
@@ -266,29 +269,35 @@ def library_median(fn):
 
 
 print(f"{'workload':<24}  {'hand (ms)':>9}  {'library (ms)':>12}  {'hand/library':>12}")
+def cpu_share(wall, cpu):
+    """The share of its threads' time this process ran since those two clock readings."""
+    return (time.process_time() - cpu) / (time.perf_counter() - wall) / torch.get_num_threads()
+
+
 def timers_agree(label, fn):
-    """Whether the two timers agree, and the least share of its cores this process got."""
-    least_share = 1.0
+    """Whether the two timers agree, and the most of its threads' time the process got in any phase."""
+    most_share = 0.0
     for _ in range(ATTEMPTS):
         wall, cpu = time.perf_counter(), time.process_time()
         hand = benchmark(fn, warmup=5, repeats=50)
+        hand_share = cpu_share(wall, cpu)
+        wall, cpu = time.perf_counter(), time.process_time()
         library = library_median(fn)
-        share = (time.process_time() - cpu) / (time.perf_counter() - wall) / torch.get_num_threads()
-        least_share = min(least_share, share)
+        most_share = max(most_share, hand_share, cpu_share(wall, cpu))
         print(f"{label:<24}  {ms(hand):9.4f}  {ms(library):12.4f}  {hand / library:12.3f}")
         if 1 / AGREEMENT_FACTOR < hand / library < AGREEMENT_FACTOR:
-            return True, least_share
-    return False, least_share
+            return True, most_share
+    return False, most_share
 
 
 for label, fn in [(f"matmul {DEMO_N}, {dtype_name(DEMO_DTYPE)}", demo_matmul),
                   (f"add of {add_numel} floats", elementwise_add(add_numel))]:
     agree, share = timers_agree(label, fn)
-    # A CPU shared with other programs (a test run beside this build) can upset every
-    # attempt; that shows as this process getting less than its cores. A GPU never excuses it.
+    # Excused on a CPU only, and only if both timers ran starved in every attempt: a timer
+    # that itself runs fewer threads (Timer without num_threads) starves one phase only.
     if not agree and DEVICE == "cpu" and share < 0.8:
-        print(f"Other processes took this machine's cores (this one got {share:.0%} of its"
-              f" {torch.get_num_threads()}): the timers on {label} are printed, not compared.")
+        print(f"This process ran at most {share:.0%} of its {torch.get_num_threads()} threads' time"
+              f" while the timers on {label} ran: they are printed, not compared.")
     elif not agree:
         raise RuntimeError(f"hand timer and torch.utils.benchmark disagree on {label}")
 
