@@ -44,13 +44,14 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import torch
-from torch.utils import cpp_extension
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu":
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any module imports Triton
+
+import matplotlib.pyplot as plt
+from torch.utils import cpp_extension
 
 try:
     import triton
@@ -251,6 +252,8 @@ if HAVE_TRITON:
 
 
 def reference_tolerance(dtype):
+    # float16: kernel and reference each round to float16, at most one ulp (2^-10 |p|) apart, a
+    # quarter of 2e-3 (1 + |p|); float32: exp and sum round a few times, ~1e-7, inside 1e-5
     return {"atol": 2e-3, "rtol": 2e-3} if dtype == torch.float16 else {"atol": 1e-5, "rtol": 1e-5}
 
 
@@ -262,6 +265,8 @@ if HAVE_TRITON:
     for b, h, n_q, n_k, d in ATTENTION_SHAPES:
         q, k, v = (torch.randn(b, h, n, d, device=DEVICE, dtype=KERNEL_DTYPE) for n in (n_q, n_k, n_k))
         expected = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double())
+        # float16: P, the output and the reference each round once (u = 2^-11 of sum p|v|, about 1):
+        # ~1.5e-3 against 5e-3; float32: a score's d roundings, ~sqrt(d) u32 |S|, far inside 1e-5
         torch.testing.assert_close(triton_attention(q, k, v), expected.to(KERNEL_DTYPE),
                                    atol=5e-3 if KERNEL_DTYPE == torch.float16 else 1e-5, rtol=5e-3)
     for shapes, descriptors in ((MATMUL_SHAPES, False), (TMA_SHAPES, True)):
@@ -269,7 +274,8 @@ if HAVE_TRITON:
             a = torch.randn(M, K, device=DEVICE, dtype=KERNEL_DTYPE)
             b = torch.randn(K, N, device=DEVICE, dtype=KERNEL_DTYPE)
             expected = (a.double() @ b.double()).to(KERNEL_DTYPE)
-            # float32 sums of K products of unit normals: error grows like sqrt(K)
+            # both round the output once (float16: 2 x 2^-11 |c|, under a quarter of 2e-3 (sqrt(K) + |c|));
+            # the float32 sum of K products adds ~sqrt(K) u32 |c|, negligible on CPU and GPU
             torch.testing.assert_close(triton_matmul(a, b, descriptors), expected,
                                        atol=K ** 0.5 * (2e-3 if KERNEL_DTYPE == torch.float16 else 1e-5),
                                        rtol=2e-3)
@@ -453,9 +459,24 @@ if COMPILED:
 # What the table must satisfy
 # ---------------------------
 # The checks below hold for any compiler version: each row is the formula
-# applied to what ``ptxas`` reported, a kernel with more than 32 registers
-# per thread cannot fill the SM, and at a fixed block shape occupancy never
-# rises as registers grow, falling in steps at the thresholds.
+# applied to what ``ptxas`` reported, its blocks fit on the SM and one block
+# more would not (every resource counted directly, registers per
+# sub-partition), a kernel with more than 32 registers per thread cannot fill
+# the SM, and at a fixed block shape occupancy never rises as registers grow,
+# falling in steps at the thresholds. The formula must also give the resident
+# blocks we work out by hand below for a few cases.
+
+
+def blocks_fit(target, num_warps, registers, shared, blocks):
+    """Whether ``blocks`` blocks fit on one SM, counting each resource they take."""
+    sm = SM_LIMITS[target]
+    warps = blocks * num_warps
+    registers_per_partition = math.ceil(warps / SUB_PARTITIONS) * round_up(registers * 32, REGISTER_UNIT)
+    return (warps <= sm["warps"] and blocks <= sm["blocks"] and registers <= 255
+            and registers_per_partition <= sm["registers"] // SUB_PARTITIONS
+            and shared <= sm["shared_per_block"]
+            and blocks * round_up(shared + RESERVED_SHARED, SHARED_UNIT) <= sm["shared"])
+
 
 for row in COMPILED:
     sm = SM_LIMITS[row["target"]]
@@ -469,15 +490,34 @@ for row in COMPILED:
         raise AssertionError(f"{row['kernel']}: {row['registers']} registers yet full occupancy")
     if any(row["limits"][name] != row["blocks"] for name in row["limited_by"].split(" and ")):
         raise AssertionError(f"{row['kernel']}: a named limit is not a binding one")
+    if blocks_fit(row["target"], row["num_warps"], row["registers"], row["shared"], row["blocks"] + 1):
+        raise AssertionError(f"{row['kernel']} on sm_{row['target']}: one block more than {row['blocks']} fits")
+# (target, warps per block, registers per thread, shared bytes): (blocks, limited by), by hand
+HAND_WORKED = {
+    (90, 4, 32, 0): (16, "warps and registers"),  # 32 x 32 = 1024 registers a warp: 16 per quarter
+    (90, 4, 33, 0): (12, "registers"),  # 1056 rounds up to 1280: 12 warps per quarter of 16384
+    (90, 4, 46, 0): (10, "registers"),  # 1472 rounds up to 1536: 10 per quarter, 40 warps
+    (80, 8, 255, 0): (1, "registers"),  # 8160 rounds up to 8192: 2 per quarter, 8 warps
+    (80, 4, 64, 88 * KIB): (1, "shared memory"),  # 89 KiB with the reserved 1 KiB: 1 in 164 KiB
+    (90, 4, 128, 100 * KIB): (2, "shared memory"),  # 101 KiB: 2 in 228 KiB; registers allow 4
+    (80, 4, 32, 164 * KIB): (0, "shared memory"),  # more than the 163 KiB a block may opt in to
+    (90, 1, 16, 0): (32, "blocks"),  # 64 one-warp blocks would fit, but an SM holds 32
+}
+for case, (blocks, limited_by) in HAND_WORKED.items():
+    computed = occupancy(*case)
+    if (computed["blocks"], computed["limited_by"]) != (blocks, limited_by):
+        raise AssertionError(f"occupancy{case}: {computed['blocks']} blocks limited by "
+                             f"{computed['limited_by']}, worked out by hand: {blocks} by {limited_by}")
 REGISTER_STEPS = {}
 for warps in (4, 8):
     curve = [occupancy(90, warps, registers, 0)["occupancy"] for registers in range(1, 256)]
     if any(later > earlier for earlier, later in itertools.pairwise(curve)) or curve[31] < 1 or curve[32] >= 1:
         raise AssertionError(f"occupancy against registers is not a falling staircase at {warps} warps")
     REGISTER_STEPS[warps] = [r + 2 for r in range(254) if curve[r + 1] < curve[r]]
+print(f"occupancy formula: {len(HAND_WORKED)} cases worked out by hand agree; at 4 warps per block "
+      f"occupancy falls above {', '.join(str(r - 1) for r in REGISTER_STEPS[4][:6])}, ... registers")
 if COMPILED:
-    print(f"{len(COMPILED)} compiles consistent with the limits; at 4 warps per block occupancy "
-          f"falls above {', '.join(str(r - 1) for r in REGISTER_STEPS[4][:6])}, ... registers")
+    print(f"{len(COMPILED)} compiles consistent with the limits, each with the most blocks that fit")
 
 # %%
 # Occupancy against registers per thread
@@ -540,7 +580,10 @@ for ilp in (1, 4):
 # CUDA runtime reports the resident blocks
 # (``cudaOccupancyMaxActiveBlocksPerMultiprocessor``), which the formula
 # above must match on sm_80 and sm_90. One version loads one ``float4`` per
-# thread per step, the other four before storing any.
+# thread per step, the other four before storing any. Four loads in flight
+# move up to four times the bytes, so at the lowest occupancy (one block of
+# 8 warps per SM) we require the second to reach at least half of
+# ``min(copy bandwidth, 4 x the first's bandwidth)``.
 
 CUDA_SOURCE = r"""
 #include <cuda_runtime.h>
@@ -550,6 +593,7 @@ template <int ILP>
 __global__ void copy_kernel(const float4* __restrict__ src, float4* __restrict__ dst, long n) {
     extern __shared__ float unused[];  // only its size matters: it limits resident blocks
     long stride = (long)gridDim.x * blockDim.x;
+#pragma unroll 1  // unrolled, the loop would batch loads itself: ILP would not be what we set
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += ILP * stride) {
         float4 v[ILP];
 #pragma unroll
@@ -651,6 +695,9 @@ def median_ms(fn):
     return triton.testing.do_bench(fn, return_mode="median")
 
 
+ILP_MARGIN = 0.5  # of Little's law's bandwidth for 4 loads in flight
+
+
 bandwidth_rows = []
 if CUDA_EXTENSION is not None:
     src = torch.randn(1 << 28, device="cuda")  # 1 GiB: far beyond L2
@@ -666,20 +713,31 @@ if CUDA_EXTENSION is not None:
         for shared_bytes in shared_sizes:
             dst.zero_()
             blocks_per_sm, sms, copy_registers = CUDA_EXTENSION.copy(src, dst, ilp, shared_bytes)
-            torch.testing.assert_close(dst, src, atol=0, rtol=0)
+            torch.testing.assert_close(dst, src, atol=0, rtol=0)  # a copy: exact
             if capability in SM_LIMITS:  # the runtime's occupancy calculator against ours
                 predicted = occupancy(capability, 8, copy_registers, shared_bytes)["blocks"]
                 if blocks_per_sm > predicted or (shared_bytes == 0 and blocks_per_sm != predicted):
                     raise AssertionError(f"CUDA runtime: {blocks_per_sm} blocks per SM, formula: "
                                          f"{predicted} ({copy_registers} registers, {shared_bytes} B)")
             ms = median_ms(lambda ilp=ilp, s=shared_bytes: CUDA_EXTENSION.copy(src, dst, ilp, s))
-            bandwidth_rows.append({"ilp": ilp, "warps_per_sm": blocks_per_sm * 8,
+            bandwidth_rows.append({"ilp": ilp, "warps_per_sm": blocks_per_sm * 8, "shared_bytes": shared_bytes,
                                    "GBps": 2 * src.numel() * 4 / ms / 1e6})
     copy_GBps = 2 * src.numel() * 4 / median_ms(lambda: dst.copy_(src)) / 1e6
     print(f"\n{'ILP':>3} {'warps/SM':>8} {'GB/s':>8} {'% of copy_':>10}")
     for row in bandwidth_rows:
         print(f"{row['ilp']:>3} {row['warps_per_sm']:>8} {row['GBps']:>8.0f} "
               f"{100 * row['GBps'] / copy_GBps:>9.0f}%")
+    # Little's law at the lowest occupancy: 4 loads in flight move up to 4 times the bytes
+    ilp1, ilp4 = (next(r for r in bandwidth_rows if r["ilp"] == ilp and r["shared_bytes"] == shared_sizes[-1])
+                  for ilp in (1, 4))
+    predicted_GBps = min(copy_GBps, 4 * ilp1["GBps"])
+    print(f"at {ilp1['warps_per_sm']} warps/SM: ILP 4 {ilp4['GBps']:.0f} GB/s, Little's law from ILP 1: "
+          f"up to {predicted_GBps:.0f} GB/s")
+    if ilp4["GBps"] < ILP_MARGIN * predicted_GBps:
+        raise AssertionError(f"ILP 4 copies at {ilp4['GBps']:.0f} GB/s at {ilp4['warps_per_sm']} warps/SM, "
+                             f"below {ILP_MARGIN} of min(copy, 4 x ILP 1) = {predicted_GBps:.0f} GB/s")
+elif DEVICE == "cpu":
+    print("No CUDA GPU here: the copy kernels are not run; the figure shows the model alone.")
 
 fig, ax = plt.subplots(figsize=(10, 4.8))
 for ilp, color in ((1, "tab:blue"), (4, "tab:orange")):
@@ -752,7 +810,13 @@ fig.tight_layout()
 
 # %%
 # On a GPU, the transpose that reads the tile by column runs with and
-# without the padding; both outputs are checked.
+# without the padding; both outputs are checked. Without the padding every
+# column read of a warp takes 32 passes, one shared-memory cycle per
+# element, so on :math:`S` SMs at clock :math:`f` the transpose of an
+# :math:`n \times n` matrix takes at least :math:`n^2 / (S f)`. We require
+# 90 % of that bound (for timing noise), and where the bound exceeds 1.5
+# times the time of a plain copy of the same bytes, a padded transpose at
+# least 1.2 times faster than the unpadded one.
 
 transpose_ms = {}
 if CUDA_EXTENSION is not None:
@@ -760,11 +824,23 @@ if CUDA_EXTENSION is not None:
     for padded in (False, True):
         out = torch.empty_like(square)
         CUDA_EXTENSION.transpose(square, out, padded)
-        torch.testing.assert_close(out, square.t(), atol=0, rtol=0)
+        torch.testing.assert_close(out, square.t(), atol=0, rtol=0)  # a copy: exact
         transpose_ms[padded] = median_ms(lambda p=padded, o=out: CUDA_EXTENSION.transpose(square, o, p))
     for padded, ms in transpose_ms.items():
         print(f"transpose 8192^2 fp32, {'padded 33' if padded else 'unpadded 32'}: {ms:.3f} ms, "
               f"{2 * square.numel() * 4 / ms / 1e6:.0f} GB/s")
+    conflict_ms = square.numel() / (properties.multi_processor_count * properties.clock_rate * 1e3) * 1e3
+    copy_ms = 2 * square.numel() * 4 / copy_GBps / 1e6
+    print(f"bank-conflict bound n^2 / (S f): {conflict_ms:.3f} ms at {properties.clock_rate / 1e6:.2f} GHz; "
+          f"a copy of the same bytes: {copy_ms:.3f} ms")
+    if transpose_ms[False] < 0.9 * conflict_ms:
+        raise AssertionError(f"the unpadded transpose took {transpose_ms[False]:.3f} ms, below 90 % of its "
+                             f"32-way bank-conflict bound {conflict_ms:.3f} ms")
+    if conflict_ms > 1.5 * copy_ms and transpose_ms[False] < 1.2 * transpose_ms[True]:
+        raise AssertionError(f"padding made the transpose only {transpose_ms[False] / transpose_ms[True]:.2f} "
+                             "times faster, not the 1.2 its bank conflicts predict")
+elif DEVICE == "cpu":
+    print("No CUDA GPU here: the transposes are not run; the bank counts above are arithmetic.")
 
 # %%
 # Triton swizzles for you
@@ -775,13 +851,54 @@ if CUDA_EXTENSION is not None:
 # attributes in the TTGIR of the matmul: ``swizzled_shared`` (vector, phase)
 # on sm_80, ``nvmma_shared`` with a 128-byte swizzle on sm_90a, the layout
 # that ``wgmma`` reads and TMA writes.
+#
+# In ``swizzled_shared`` a row is cut into chunks of ``vec`` elements, and
+# row ``r`` stores its chunk ``c`` in place ``c XOR ((r // perPhase) mod
+# maxPhase)``; with ``maxPhase = 1`` every row stays as it is, no swizzle at
+# all. We read the three numbers from the sm_80 layout and count the banks
+# that ``ldmatrix`` reads: one 16-byte chunk from each of eight rows of the
+# 64-element float16 tile of ``A``. Without the swizzle the eight chunks lie
+# in the same four banks, an 8-way conflict; with it they must cover all 32
+# banks once. On sm_90a we check for the 128-byte swizzle, which spreads
+# eight rows' chunks in the same way.
+
+
+def layout_parameters(line):
+    """('swizzled_shared', {'vec': '8', ...}) from a TTGIR line '#shared = #ttg.swizzled_shared<{...}>'."""
+    kind, body = re.match(r"#\w+ = #ttg\.(\w+)<\{(.*)\}>", line).groups()
+    return kind, dict(re.findall(r"(\w+) = (\[[^\]]*\]|[^,]+)", body))
+
+
+def ldmatrix_ways(vec, per_phase, max_phase, row_elements=64, rows=8, chunk_elements=8):
+    """Bank conflict of reading the first 16 bytes (8 float16) of ``rows`` rows of a swizzled tile."""
+    words = []
+    for r in range(rows):
+        phase = (r // per_phase) % max_phase
+        for c in range(chunk_elements):
+            place = (c // vec) ^ phase  # the chunk's place in its row
+            words.append((r * row_elements + place * vec + c % vec) * 2 // 4)
+    return conflict_ways(words)
+
 
 SHARED_LAYOUTS = {}
 for row in (r for r in COMPILED if r["kernel"] == "matmul_kernel" and r["constexprs"]["BLOCK_N"] == 128):
-    SHARED_LAYOUTS[row["target"]] = [line for line in row["ttgir"].splitlines() if line.startswith("#shared")]
-    print(f"sm_{row['target']} TTGIR:", *SHARED_LAYOUTS[row["target"]], sep="\n  ")
-    if not SHARED_LAYOUTS[row["target"]] or "swizzl" not in " ".join(SHARED_LAYOUTS[row["target"]]):
-        raise AssertionError(f"no swizzled #shared layout in the sm_{row['target']} TTGIR")
+    lines = [line for line in row["ttgir"].splitlines() if line.startswith("#shared")]
+    SHARED_LAYOUTS[row["target"]] = [layout_parameters(line) for line in lines]
+    print(f"sm_{row['target']} TTGIR:", *lines, sep="\n  ")
+    if row["target"] == 80:
+        tiles = [p for kind, p in SHARED_LAYOUTS[80] if kind == "swizzled_shared" and p["order"].count(",") == 1]
+        if not tiles or any(int(p["maxPhase"]) <= 1 for p in tiles):
+            raise AssertionError(f"no swizzle (maxPhase > 1) in the sm_80 tile layouts {tiles}")
+        for p in tiles:
+            vec, per_phase, max_phase = int(p["vec"]), int(p["perPhase"]), int(p["maxPhase"])
+            swizzled, plain = ldmatrix_ways(vec, per_phase, max_phase), ldmatrix_ways(vec, 1, 1)
+            print(f"  16 bytes of each of 8 rows: {swizzled}-way with vec={vec}, perPhase={per_phase}, "
+                  f"maxPhase={max_phase}; {plain}-way without the swizzle")
+            if swizzled != 1 or plain != 8:
+                raise AssertionError(f"the sm_80 swizzle {p} does not spread 8 rows of 16 bytes over the banks")
+    elif not any(kind == "nvmma_shared" and p.get("swizzlingByteWidth") == "128"
+                 for kind, p in SHARED_LAYOUTS[row["target"]]):
+        raise AssertionError(f"no 128-byte swizzle in the sm_{row['target']} TTGIR")
 
 # %%
 # Tensor cores and TMA in the compiled code
