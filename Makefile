@@ -8,9 +8,14 @@ BUILD       ?= _build
 SPHINXOPTS  ?=
 SPHINXBUILD  = $(BIN)/sphinx-build -c . -W --keep-going $(SPHINXOPTS)
 
-# Execute only the examples whose file names match, e.g. EXAMPLES=06_torch_compile.
+# Execute only the examples whose file names match (a search: EXAMPLES=torch_compile),
+# and of those only the ones whose outputs are not current; RUN= executes them anyway.
 ifdef EXAMPLES
 export COURSE_EXAMPLES := $(EXAMPLES)
+endif
+ifdef RUN
+export COURSE_EXAMPLES := $(RUN)
+export COURSE_RUN_AGAIN := 1
 endif
 
 EDITIONS    := en zh_CN
@@ -46,7 +51,9 @@ help:
 	@echo "make clean     remove $(BUILD) and the gallery's generated pages (source/auto_examples)"
 	@echo ""
 	@echo "Variables, e.g. make html EXAMPLES=06_torch_compile:"
-	@echo "  EXAMPLES=regex            execute only the examples whose file names match"
+	@echo "  EXAMPLES=regex            execute only the examples whose file names match (a search:"
+	@echo "                            EXAMPLES=torch_compile), and of those only what is not current"
+	@echo "  RUN=regex                 the same, executing them even when their outputs are current"
 	@echo "  COURSE_EXAMPLE_TIMEOUT=s  stop an example that runs longer than s seconds (600)"
 	@echo "  COURSE_REQUIRE=list       what this machine must have, or the build fails: by default"
 	@echo "                            cxx,triton,inductor,distributed on a CPU,"
@@ -73,14 +80,20 @@ venv: $(BIN)/.installed
 # English first: it executes the examples. The Chinese edition reuses their
 # outputs (sphinx-gallery finds them current) and executes nothing.
 html: venv
+	@$(BIN)/python sphinxext/example_selection.py
 	$(if $(filter no,$(CACHE_RESTORE)),,$(BIN)/python tools/gallery_cache.py restore)
 	@for lang in $(EDITIONS); do \
+	  if [ $$lang = zh_CN ]; then \
+	    $(BIN)/python tools/check_translation.py --lint || { echo "The Chinese catalogs have the" \
+	      "problems listed above (tools/check_translation.py --lint): fix them in locale/zh_CN/."; exit 1; }; \
+	  fi; \
 	  echo "== $$lang edition"; \
 	  $(SPHINXBUILD) -b html -D language=$$lang -d $(BUILD)/doctrees/$$lang \
 	    source $(BUILD)/html/$$lang || exit 1; \
 	done
 	cp site-root/* $(BUILD)/html/
 	cp $(BUILD)/html/en/404.html $(BUILD)/html/404.html
+	@$(BIN)/python tools/margin_report.py --out $(BUILD)/check-margins.md
 	@echo "The site is in $(BUILD)/html/index.html"
 
 # Executes nothing: an example's page keeps the outputs of an earlier build while
@@ -165,6 +178,7 @@ $(GPU_WHEELS)/requirements.txt: requirements-docs.txt
 	@$(CHECK_PYTHON) -c "import pathlib, sys; mib = sum(p.stat().st_size for p in \
 	  pathlib.Path('$(GPU_WHEELS)').glob('*.whl')) / 2**20; \
 	  print(f'{mib:.1f} MiB of wheels in $(GPU_WHEELS)'); sys.exit(mib > 40)"
+	echo $(GPU_PYTHON_VERSION) > $(GPU_WHEELS)/python-version
 	mv $(GPU_WHEELS)/english-edition.txt $@
 
 # On any machine: put what tools/gpu_build.sh wrote (one folder per call or

@@ -53,8 +53,10 @@ def glossary_terms(glossary=GLOSSARY):
 def teach_jieba_the_glossary(app, config):
     if not config.language.startswith("zh"):
         return
-    # A stable path: a new one each build would count as a changed configuration.
-    words = Path(app.doctreedir, "jieba-glossary.txt")
+    # One path for every build of this checkout (make html, make serve, the previews):
+    # the path is part of the configuration, and another one makes Sphinx write every
+    # Chinese page again.
+    words = Path(app.confdir, ".cache", "jieba-glossary.txt")
     words.parent.mkdir(parents=True, exist_ok=True)
     words.write_text("".join(f"{term} 1000\n" for term in glossary_terms()), encoding="utf-8")
     config.html_search_options = {**config.html_search_options, "dict": str(words)}

@@ -64,8 +64,8 @@ def _raw_html(markup):
 
 def insert_colab_links(app, docname, source):
     parts = docname.split("/")
-    if len(parts) != 3 or parts[0] != GALLERY_ROOT:
-        return
+    if len(parts) != 3 or parts[0] != GALLERY_ROOT or app.builder.name == "gettext":
+        return  # the catalogs hold the examples' own text, not what a build adds
     repo, branch = app.config.course_repo_url, app.config.course_notebook_branch
     if not repo:
         return

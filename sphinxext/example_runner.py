@@ -24,7 +24,10 @@ import sys
 import time
 from pathlib import Path
 
+import check_margins
+from example_selection import SelectionError, filename_pattern, selected
 from provenance import (
+    STRICT_REQUIREMENTS,
     collect_provenance,
     page_has_outputs,
     provenance_path,
@@ -33,7 +36,7 @@ from provenance import (
     source_md5,
     vouching_record,
 )
-from sphinx.errors import ExtensionError
+from sphinx.errors import ConfigError, ExtensionError
 
 DEFAULT_TIMEOUT_S = 600
 
@@ -49,7 +52,7 @@ def around_each_example(gallery_conf, fname, when):
     gallery_dir = _gallery_dir(gallery_conf, fname)
     if when == "before":
         _prepare(src_file, gallery_dir)
-        _start_run()
+        _start_run(gallery_dir, src_file.stem)
     else:
         signal.alarm(0)
         run = _finish_run(gallery_conf, src_file)
@@ -73,10 +76,7 @@ def _prepare(src_file, gallery_dir):
     "cxx,nvcc,triton,inductor,distributed" on CUDA. A value already in the environment wins;
     an empty one makes a lenient build.
     """
-
-    strict = "cxx,nvcc,triton,inductor" if gpu_present() else "cxx,triton,inductor"
-    strict += ",distributed"  # lecture 7 forks its ranks with torch.distributed
-    os.environ.setdefault("COURSE_REQUIRE", strict)
+    os.environ.setdefault("COURSE_REQUIRE", ",".join(required_capabilities()))
     _use_triton_interpreter_without_cuda()
     _quiet_profiler_markers()
     artifacts = artifact_dir(gallery_dir, src_file.stem)
@@ -93,6 +93,14 @@ def _prepare(src_file, gallery_dir):
 
     signal.signal(signal.SIGALRM, stop_hung_example)
     signal.alarm(limit)
+
+
+def required_capabilities():
+    """What this build requires: COURSE_REQUIRE if set (empty: nothing), else the strict
+    default for this machine (lecture 7 forks its ranks with torch.distributed)."""
+    if "COURSE_REQUIRE" in os.environ:
+        return [c for c in os.environ["COURSE_REQUIRE"].split(",") if c]
+    return list(STRICT_REQUIREMENTS["cuda" if gpu_present() else "cpu"])
 
 
 def gpu_present():
@@ -130,7 +138,7 @@ def _free_memory():
 
 def _record_provenance(src_file, gallery_dir, run=None):
     # The MD5 of the copy sphinx-gallery just executed ties the record to this run's outputs.
-    record = {**collect_provenance(src_file), **(run or {}),
+    record = {**collect_provenance(src_file), **(run or {}), "required": required_capabilities(),
               "source_md5": source_md5(gallery_dir, src_file.stem)}
     path = provenance_path(gallery_dir, src_file.stem)
     path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
@@ -170,12 +178,17 @@ def keep_key_figures(block, block_vars, gallery_conf):
     return ""
 
 
-def _start_run():
+def _start_run(gallery_dir, stem):
     import torch
 
     _run.clear()
     if torch.cuda.is_initialized():
         torch.cuda.reset_peak_memory_stats()
+    log = Path(gallery_dir, "provenance", f"{stem}.margins.jsonl")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.unlink(missing_ok=True)
+    check_margins.install(log)  # every assert_close of the example logs its margin use here
+    _run["margin_log"] = log
     _run["start"] = time.perf_counter()
 
 
@@ -183,6 +196,11 @@ def _finish_run(gallery_conf, src_file):
     import torch
 
     seconds = time.perf_counter() - _run.pop("start", time.perf_counter())
+    log = _run.pop("margin_log", None)
+    margins = check_margins.table(check_margins.read(log)) if log else []
+    if log:
+        log.unlink(missing_ok=True)
+        os.environ.pop(check_margins.LOG_VARIABLE, None)
     cuda = gpu_present()
     failures = {Path(k).resolve(): v for k, v in gallery_conf["failing_examples"].items()}
     failure = failures.get(src_file.resolve())
@@ -192,6 +210,7 @@ def _finish_run(gallery_conf, src_file):
         "seconds": round(seconds, 2),
         "peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3) if cuda else None,
         "key_figures": _run.pop("key_figures", {}),
+        "margins": margins,  # each assert_close: its worst error over the error it allowed
     }
 
 
@@ -209,14 +228,105 @@ _build = {"unvouched": []}
 
 
 def setup(app):
+    app.connect("config-inited", check_the_selection)
+    app.connect("builder-inited", keep_the_environment, priority=100)
+    app.connect("builder-inited", apply_the_selection, priority=300)
     app.connect("builder-inited", remove_what_removed_examples_left, priority=400)
     app.connect("builder-inited", drop_outputs_nobody_vouches_for, priority=400)
+    app.connect("builder-inited", execute_what_the_selection_names, priority=450)
     # sphinx-gallery generates the pages at the default priority, 500.
     app.connect("builder-inited", check_the_generated_pages, priority=600)
+    app.connect("env-get-outdated", note_pages_that_come_or_go)
+    app.connect("env-updated", rewrite_every_page_when_pages_come_or_go)
+    # Before sphinx-gallery's report of failing examples (500), which raises.
+    app.connect("build-finished", keep_the_environment, priority=100)
     if "app" not in _build:
         atexit.register(print_what_to_do_next)  # after Sphinx's own error report
     _build["app"] = app
     return {"parallel_read_safe": True, "version": "1"}
+
+
+# -- What this build executes (COURSE_EXAMPLES, COURSE_LECTURES) -----------------
+#
+# Applied to sphinx-gallery's settings once the builder has started, so that the
+# HTML builder's record of the configuration (and so the pages it decides to write)
+# is the same for a partial build as for a full one.
+
+
+def _selection(app):
+    lectures, pattern = os.environ.get("COURSE_LECTURES"), os.environ.get("COURSE_EXAMPLES")
+    if not (lectures or pattern):
+        return None
+    return selected([e for _, gallery in galleries(app) for e in gallery], lectures, pattern)
+
+
+def check_the_selection(app, config):
+    """Fail at once, naming the examples, when EXAMPLES= or COURSE_LECTURES matches nothing."""
+    try:
+        _selection(app)
+    except SelectionError as error:
+        raise ConfigError(str(error)) from None
+
+
+def apply_the_selection(app):
+    if (chosen := _selection(app)) is not None:
+        app.config.sphinx_gallery_conf["filename_pattern"] = filename_pattern(chosen)
+
+
+def execute_what_the_selection_names(app):
+    """``make html RUN=...`` (COURSE_RUN_AGAIN) executes what it names, even when its outputs are current."""
+    if not (os.environ.get("COURSE_EXAMPLES") and os.environ.get("COURSE_RUN_AGAIN")):
+        return
+    if not app.config.sphinx_gallery_conf["plot_gallery"]:
+        return
+    for gallery_dir, example in _selection_in_galleries(app):
+        (gallery_dir / f"{example.name}.md5").unlink(missing_ok=True)
+
+
+def _selection_in_galleries(app):
+    chosen = set(_selection(app) or ())
+    return [(gallery_dir, e) for gallery_dir, examples in galleries(app) for e in examples if e in chosen]
+
+
+# -- A failed build keeps what it read ------------------------------------------
+#
+# Sphinx deletes its pickled environment when a build raises (sphinx-gallery raises
+# at the end when an example failed), so the next build would read every page again.
+# A copy made before that is put back once the build has stopped: a failed example
+# has no MD5 file and executes again, and the pages that changed are read again.
+
+
+def _environment_pickle(app):
+    from sphinx.application import ENV_PICKLE_FILENAME
+
+    return Path(app.doctreedir, ENV_PICKLE_FILENAME)
+
+
+def keep_the_environment(app, exception=None):
+    pickled = _environment_pickle(app)
+    kept = pickled.with_name(pickled.name + ".kept")
+    if exception is None and pickled.is_file():
+        shutil.copy2(pickled, kept)
+    elif exception is not None and not pickled.is_file() and kept.is_file():
+        kept.replace(pickled)
+
+
+# -- Pages that come or go change every page's navigation ---------------------
+#
+# Sphinx writes the pages it read again and the gallery's index, but every page's
+# sidebar and previous/next links name the pages around it: when a page is added or
+# removed, every page is written again, so that none links to a page that is gone.
+
+
+def note_pages_that_come_or_go(app, env, added, changed, removed):
+    _build["pages_come_or_go"] = bool(added or removed)
+    return []
+
+
+def rewrite_every_page_when_pages_come_or_go(app, env):
+    if _build.pop("pages_come_or_go", False):
+        return sorted(env.found_docs)
+    return None
 
 
 def galleries(app):
@@ -231,19 +341,32 @@ def galleries(app):
 def drop_outputs_nobody_vouches_for(app):
     """Keep an example's MD5 file only while a provenance record vouches for its page.
 
+    A record vouches only for a build that requires no more than the run it records
+    did (COURSE_REQUIRE): outputs of a lenient build execute again in a strict one.
     Runs before sphinx-gallery generates the pages, so that this build executes
     what it may, and after, so that a partial build leaves no MD5 file that would
     keep the next build from executing a page it left without outputs.
     """
+    required = set(required_capabilities())
     for gallery_dir, examples in galleries(app):
         for example in examples:
             record = read_record(gallery_dir, example.stem)
-            if record is not None and record.get("source_md5") != source_md5(gallery_dir, example.stem):
-                record_path(gallery_dir, example.stem).unlink()  # a record of another version
-                shutil.rmtree(artifact_dir(gallery_dir, example.stem), ignore_errors=True)
+            if record is None:
+                pass
+            elif record.get("source_md5") != source_md5(gallery_dir, example.stem):
+                _drop_record(gallery_dir, example.stem)  # a record of another version
+            elif not required <= set(record.get("required", ())):
+                _drop_record(gallery_dir, example.stem)  # a more lenient build's: it runs again
+                logger().info(f"{example.name} executes again: its outputs come from a build that required"
+                              f" only {','.join(record.get('required', [])) or 'nothing'}")
             md5_file = gallery_dir / f"{example.name}.md5"
             if md5_file.is_file() and vouching_record(gallery_dir, example.stem) is None:
                 md5_file.unlink()
+
+
+def _drop_record(gallery_dir, stem):
+    record_path(gallery_dir, stem).unlink()
+    shutil.rmtree(artifact_dir(gallery_dir, stem), ignore_errors=True)
 
 
 def check_the_generated_pages(app):

@@ -20,6 +20,19 @@ from pathlib import Path
 
 GALLERY_ROOT = "auto_examples"
 
+# What a site build requires of its machine, by default (docs/how-the-build-works.md):
+# an example that would skip one of these fails the build instead.
+STRICT_REQUIREMENTS = {
+    "cpu": ("cxx", "triton", "inductor", "distributed"),
+    "cuda": ("cxx", "nvcc", "triton", "inductor", "distributed"),
+}
+
+
+def is_strict(record):
+    """True when the run it records required everything a strict build on its device requires."""
+    strict = STRICT_REQUIREMENTS.get(record.get("device_type", "cpu"), STRICT_REQUIREMENTS["cuda"])
+    return set(record.get("required", ())) >= set(strict)
+
 
 def provenance_path(gallery_dir, stem):
     folder = Path(gallery_dir, "provenance")
@@ -139,12 +152,14 @@ NOTE_TEXT = {
         "body": "Executed on <strong>{device}</strong> ({cpu_count} CPU cores available) with"
         " torch {torch}, triton {triton}, CUDA {cuda}, Python {python},"
         " on {executed_at} at commit <code>{git_commit}</code>.",
+        "files": "Files this example wrote:",
     },
     "zh_CN": {
         "title": "这些输出来自哪台机器",
         "body": "运行于 <strong>{device}</strong>（可用 CPU 核心 {cpu_count} 个），"
         "torch {torch}，triton {triton}，CUDA {cuda}，Python {python}；"
         "运行时间 {executed_at}，提交 <code>{git_commit}</code>。",
+        "files": "本示例写出的文件：",
     },
 }
 
@@ -166,56 +181,50 @@ NOT_EXECUTED_TEXT = {
 }
 
 
-def render_note(record, language="en"):
-    """The note shown on the example's page, as raw HTML.
+def render_note(record, language="en", files=()):
+    """The note shown on the example's page: an admonition with the record as raw HTML.
 
     Raw, because the record changes with every execution: as a translatable
-    paragraph it would churn the translation catalogs. It is translated here.
+    paragraph it would churn the translation catalogs. It is translated here,
+    and so is the list of ``files`` (paths relative to the page) the example wrote,
+    which sits inside the note so that no page's description starts with it.
     """
     text = NOTE_TEXT.get(language, NOTE_TEXT["en"])
     body = text["body"].format(**{k: html.escape(str(v)) for k, v in record.items()})
-    return _raw_admonition("provenance", text["title"], body)
+    lines = [f".. admonition:: {text['title']}", "   :class: provenance", "",
+             "   .. raw:: html", "", f"      <p>{body}</p>", ""]
+    if files:
+        lines += [f"   **{text['files']}**", "", *(f"   * :download:`{Path(f).name} <{f}>`" for f in files)]
+    return "\n".join([*lines, "", ""])
 
 
 def render_not_executed(language="en"):
     text = NOT_EXECUTED_TEXT.get(language, NOT_EXECUTED_TEXT["en"])
-    return _raw_admonition("not-executed", text["title"], text["body"])
-
-
-def _raw_admonition(css_class, title, body):
-    return "\n".join(
-        [
-            ".. raw:: html",
-            "",
-            f'   <div class="admonition {css_class}">',
-            f'   <p class="admonition-title">{title}</p>',
-            f"   <p>{body}</p>",
-            "   </div>",
-            "",
-        ]
-    )
+    return "\n".join([".. raw:: html", "", '   <div class="admonition not-executed">',
+                      f'   <p class="admonition-title">{text["title"]}</p>',
+                      f"   <p>{text['body']}</p>", "   </div>", "", ""])
 
 
 def insert_provenance(app, docname, source):
-    """``source-read`` handler: put the provenance note under an example's title."""
+    """``source-read`` handler: put the provenance note under an example's title.
+
+    Not for the gettext builder: the catalogs hold the examples' own text, never
+    what a build adds to their pages (the note is translated here instead).
+    """
     parts = docname.split("/")
-    if len(parts) != 3 or parts[0] != GALLERY_ROOT or parts[2] == "index":
+    if len(parts) != 3 or parts[0] != GALLERY_ROOT or parts[2] == "index" or app.builder.name == "gettext":
         return
     record = vouching_record(Path(app.srcdir, *parts[:2]), parts[2])
     if record is None:
         source[0] = _after_title(source[0], render_not_executed(app.config.language))
         return
-    note = render_note(record, app.config.language)
-    source[0] = _after_title(source[0], note + "\n" + _artifact_links(app, parts))
+    source[0] = _after_title(source[0], render_note(record, app.config.language, _artifacts(app, parts)))
 
 
-def _artifact_links(app, parts):
+def _artifacts(app, parts):
     folder = Path(app.srcdir, *parts[:2], "artifacts", parts[2])
     files = sorted(p for p in folder.glob("*") if p.is_file()) if folder.is_dir() else []
-    if not files:
-        return ""
-    links = [f"* :download:`{p.name} <artifacts/{parts[2]}/{p.name}>`" for p in files]
-    return "\n".join(["**Files this example wrote:**", "", *links, "", ""])
+    return [f"artifacts/{parts[2]}/{p.name}" for p in files]
 
 
 def _after_title(rst, block):

@@ -27,6 +27,10 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "sphinxext"))
+
+from provenance import is_strict
+
 GENERATED = REPO / "source" / "auto_examples"
 DEFAULT_CACHE = REPO / "gallery-cache"
 EXAMPLES = sorted(REPO.glob("examples/lecture*/[0-9][0-9]_*.py"))
@@ -61,12 +65,16 @@ def save(cache):
         if not outputs_are_current(gallery, example):
             print(f"skip     {example.name}: no current executed outputs")
             continue
+        record = json.loads((gallery / "provenance" / f"{example.stem}.json").read_text())
+        if not is_strict(record):
+            print(f"skip     {example.name}: executed by a lenient build (it required only"
+                  f" {','.join(record.get('required', [])) or 'nothing'}); run a strict make html first")
+            continue
         entry = cache / example.parent.name / example.stem
         shutil.rmtree(entry, ignore_errors=True)
         for name in generated_files(gallery, example.stem):
             (entry / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(gallery / name, entry / name)
-        record = json.loads((gallery / "provenance" / f"{example.stem}.json").read_text())
         (entry / "CACHE.json").write_text(json.dumps(
             {"source_sha256": source_hash(example), "device": record["device"]}, indent=2) + "\n")
         saved += 1

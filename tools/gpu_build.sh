@@ -43,6 +43,14 @@ build() {
     return 1
   fi
   WHEELS=$(cd "$WHEELS" && pwd)
+  local wanted here
+  wanted=$(cat "$WHEELS/python-version" 2>/dev/null || true)
+  here=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+  if [ -n "$wanted" ] && [ "$wanted" != "$here" ]; then
+    echo "The wheels in $WHEELS are for Python $wanted, and $PYTHON is Python $here: pip would stop at"
+    echo "'No matching distribution'. Run 'make gpu-wheels GPU_PYTHON_VERSION=$here' and bring that folder."
+    return 1
+  fi
   PIP_ROOT_USER_ACTION=ignore "$PYTHON" -m pip install --quiet --disable-pip-version-check --no-index \
     --find-links "$WHEELS" --target "$tmp/site" -r "$WHEELS/requirements.txt"
   export PYTHONPATH="$tmp/site${PYTHONPATH:+:$PYTHONPATH}"

@@ -28,6 +28,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "sphinxext"))
 
+import check_margins
+from example_selection import SelectionError, selected
 from provenance import cpu_model, git_commit
 
 EXAMPLES = sorted(REPO.glob("examples/lecture*/[0-9][0-9]_*.py"))
@@ -83,15 +85,11 @@ def failure(error, seconds):
 
 
 def chosen_examples(lectures=None, pattern=None):
-    """The examples a build executes, chosen as conf.py chooses them (COURSE_LECTURES, COURSE_EXAMPLES)."""
-    known = sorted({e.parent.name for e in EXAMPLES})
-    lectures = [name for name in (lectures or "").split(",") if name] or known
-    unknown = sorted(set(lectures) - set(known))
-    if unknown:
-        raise SystemExit(f"unknown lecture(s) {', '.join(unknown)}; the lectures are {', '.join(known)}")
-    pattern = pattern or r"\d\d_\w+"
-    regex = re.compile(rf"/({'|'.join(lectures)})/({pattern})\.py$")
-    return [e for e in EXAMPLES if regex.search(e.as_posix())]
+    """The examples a build executes, chosen as the build chooses them (COURSE_LECTURES, COURSE_EXAMPLES)."""
+    try:
+        return selected(EXAMPLES, lectures, pattern)
+    except SelectionError as error:
+        raise SystemExit(str(error)) from None
 
 
 def results_from_build(generated, examples):
@@ -112,6 +110,7 @@ def results_from_build(generated, examples):
             "seconds": record.get("seconds", 0),
             "peak_gpu_memory_gib": record.get("peak_gpu_memory_gib"),
             "key_figures": record.get("key_figures", {}),
+            "margins": record.get("margins", []),
         }
     return results
 
@@ -192,6 +191,12 @@ def markdown(report):
             met = {True: "yes", False: "**no**", None: "n/a (CPU)"}[t["met"]]
             lines.append(f"| `{t['example']}` | `{t['figure']}` | {t['compares']} | {t['value']:.3g}"
                          f" | {t['target']:.2f} | {met} |")
+    margins = sorted((row for r in report["examples"].values() for row in r.get("margins", [])),
+                     key=lambda row: -row["use"])
+    if margins:
+        lines += ["", "## How much of its tolerance each check used", "",
+                  ("Each `assert_close`: its worst error over the error it allowed. Above 0.5 a check"
+                  " keeps less than 2x headroom; above 1 it fails."), "", check_margins.markdown(margins)]
     return "\n".join(lines) + "\n"
 
 

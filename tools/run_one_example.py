@@ -7,21 +7,26 @@ example's ``KEY_FIGURES`` dictionary, if it defines one.
 """
 
 import json
-import os
 import runpy
 import sys
+import tempfile
 import time
 import traceback
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sphinxext"))
+import check_margins
 
 RESULT_MARKER = "GPU-CHECK-RESULT "  # tools/gpu_check.py reads it
 
 
 def run(path):
+    """As a reader runs it: no TRITON_INTERPRET set here, the example sets what it needs."""
     cuda = torch.cuda.device_count() > 0  # NVML: is_available() would start CUDA before lecture 7 forks
-    if not cuda:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    log = Path(tempfile.mkstemp(suffix=".margins.jsonl")[1])
+    check_margins.install(log)
     start = time.perf_counter()
     result = {"passed": True, "error": None, "key_figures": {}}
     try:
@@ -31,6 +36,8 @@ def run(path):
         result["passed"] = False
         result["error"] = "".join(traceback.format_exception_only(error)).strip()
         traceback.print_exc()
+    result["margins"] = check_margins.table(check_margins.read(log))
+    log.unlink(missing_ok=True)
     result["seconds"] = round(time.perf_counter() - start, 2)
     result["peak_gpu_memory_gib"] = (
         round(torch.cuda.max_memory_allocated() / 2**30, 3) if cuda else None
