@@ -1,8 +1,10 @@
-"""Every example runs on its own, as a reader who downloaded it would run it.
+"""Every example runs on its own, as the GPU check runs it, in one cell of the
+portability matrix (tests/test_portability.py): AVX2 kernels and one thread.
 
 The runs are the GPU check's (tools/gpu_check.py): one process per example,
-here at CPU sizes. So this also checks that the check itself works and writes
-its report.
+here at CPU sizes, with no TRITON_INTERPRET or COURSE_* variable set for them.
+So this also checks that the check itself works and writes its report, margins
+included.
 """
 
 import json
@@ -12,19 +14,29 @@ import subprocess
 import sys
 
 import pytest
+from conftest import record_margins
 
 from tools.site_build import EXAMPLES, REPO
+
+sys.path.insert(0, str(REPO / "sphinxext"))
+import check_margins
+
+CELL = {"ATEN_CPU_CAPABILITY": "avx2", "OMP_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="session")
 def gpu_check_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu-check")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("COURSE_", "TRITON_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COURSE_", "TRITON_"))} | CELL
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(out / "inductor")  # its own: the cache ignores the ISA
     done = subprocess.run(
         [sys.executable, str(REPO / "tools" / "gpu_check.py"), "--out", str(out)],
         env=env, capture_output=True, text=True, check=False,
     )
     print(done.stdout)
+    report = json.loads((out / "report.json").read_text())
+    for result in report["examples"].values():
+        record_margins("GPU check (avx2, 1 thread)", result.get("margins", []), result["seconds"])
     return done, out
 
 
@@ -47,3 +59,5 @@ def test_runs_standalone(gpu_check_report, example):
     ]
     assert result["passed"], result["error"]
     assert result["key_figures"], "the example reports no KEY_FIGURES"
+    over = [m for m in result["margins"] if m["use"] > check_margins.HEADROOM]
+    assert not over, "checks that use more than half of their tolerance:\n" + check_margins.markdown(over)

@@ -1,5 +1,7 @@
 """A broken or hung example fails the build, and the build names it."""
 
+import re
+
 import pytest
 
 from tools.site_build import copy_checkout, make
@@ -64,6 +66,17 @@ def test_raising_example_fails_the_build_and_names_it(checkout):
     assert "python examples/lecture06_kernels_triton/98_broken.py" in summary  # how to reproduce it
     assert "make html EXAMPLES=98_broken" in summary
     assert summary.rstrip().endswith("The full log is above.")
+
+    # Mended, it executes again, and the build reads only the pages that changed: the
+    # failed build kept what it had read (Sphinx drops its pickled environment on an error).
+    add_example(checkout, "98_broken.py", BROKEN.replace("return 1 / 0", "return 1 / 1"))
+    mended = make(checkout, "html", EXAMPLES="98_broken", EDITIONS="en")
+    assert mended.returncode == 0, mended.log[-3000:]
+    assert mended.examples_executed == 1
+    update = re.search(r"^updating environment: (.*)$", mended.log, flags=re.MULTILINE)
+    assert update and "[new config]" not in update[1], update
+    added, changed = map(int, re.search(r"(\d+) added, (\d+) changed", update[1]).groups())
+    assert added == 0 and changed <= 3, update[1]
 
 
 def test_hung_example_is_stopped_with_a_clear_message(checkout):

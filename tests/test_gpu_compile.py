@@ -31,26 +31,54 @@ EXAMPLES = REPO / "examples"
 
 @pytest.fixture(scope="session")
 def results_cache(tmp_path_factory):
-    """Beside pytest's numbered folders, so that it outlives a session: the figures of
-    compiles that succeeded, keyed by a hash of everything they depend on."""
-    return tmp_path_factory.getbasetemp().parent / "gpu-compile-cache"
+    """The figures of compiles that succeeded, keyed by a hash of everything they depend on: inside
+    this session's temporary folder, so that every session times a cold check, and the fault tests
+    after it compile only what they broke."""
+    return tmp_path_factory.mktemp("gpu-compile-cache")
 
 
-def run_check(out, cache, *options):
+def run_check(out, cache, *options, say=None):
+    """Run the check; ``say`` gets each progress line as it comes."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COURSE_", "TRITON_"))}
-    done = subprocess.run([sys.executable, str(REPO / "tools" / "gpu_compile.py"), "--out", str(out),
-                           "--jobs", "2", "--cache", str(cache), *options],
-                          env=env, capture_output=True, text=True, check=False)
+    command = [sys.executable, str(REPO / "tools" / "gpu_compile.py"), "--out", str(out),
+               "--jobs", "2", "--cache", str(cache), *options]
+    out.mkdir(parents=True, exist_ok=True)
+    lines = []
+    with open(out / "stderr.txt", "w+") as stderr:
+        with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True) as process:
+            for line in process.stdout:
+                lines.append(line)
+                if say and PROGRESS.match(line):
+                    say(line.rstrip())
+        stderr.seek(0)
+        done = subprocess.CompletedProcess(command, process.returncode, "".join(lines), stderr.read())
     report_file = out / "report.json"
     report = json.loads(report_file.read_text()) if report_file.exists() else None
     return done, report
 
 
+PROGRESS = re.compile(r"\[ *(\d+):(\d\d)\] (\d+)/(\d+) compiles")
+
+
+def on_the_terminal(config):
+    """Print a line past pytest's capture, so that a long check does not look hung."""
+    capture = config.pluginmanager.getplugin("capturemanager")
+    terminal = config.pluginmanager.getplugin("terminalreporter")
+    if capture is None or terminal is None:
+        return None
+
+    def say(line):
+        with capture.global_and_fixture_disabled():
+            terminal.write_line(f"gpu-compile {line}")
+    return say
+
+
 @pytest.fixture(scope="module")
-def full_check(tmp_path_factory, results_cache):
+def full_check(tmp_path_factory, results_cache, pytestconfig):
     """The check's run, and the @triton.jit functions in the examples as it started."""
     in_source = jit_functions_in_source()
-    done, report = run_check(tmp_path_factory.mktemp("gpu-compile"), results_cache)
+    done, report = run_check(tmp_path_factory.mktemp("gpu-compile"), results_cache,
+                             say=on_the_terminal(pytestconfig))
     print(done.stdout[-3000:], done.stderr[-3000:])
     assert report is not None, done.stderr[-3000:]
     report["jit_functions_in_source"] = in_source
@@ -75,6 +103,11 @@ def test_the_check_passes(full_check):
                         done.stdout)
     assert summary, done.stdout[-2000:]
     assert int(summary.group(1)) * 5 == int(summary.group(2)) == len(report["compiles"])
+    # progress while it ran, ending with every compile done; each distinct one compiled once
+    progress = [PROGRESS.match(line) for line in done.stdout.splitlines()]
+    progress = [m for m in progress if m]
+    assert progress and progress[-1].group(3) == progress[-1].group(4), done.stdout[-2000:]
+    assert int(progress[-1].group(4)) == len({(c["target"], c["key"]) for c in report["compiles"]})
 
 
 def test_the_scan_finds_every_kernel_and_each_is_compiled_everywhere(full_check):

@@ -7,6 +7,7 @@ profiler) is the example they edit. (example_runner and provenance come from
 sphinxext/, which tools.site_build puts on the path.)
 """
 
+import json
 import os
 import re
 import shutil
@@ -20,8 +21,10 @@ import urllib.request
 from types import SimpleNamespace
 
 import example_runner
+import example_selection
 import provenance
 import pytest
+from babel.messages.pofile import read_po
 from bs4 import BeautifulSoup
 
 from tools.site_build import EXAMPLES, REPO, make
@@ -75,8 +78,9 @@ def _gallery(tmp_path, stem="01_x", source="print(1)\n", executed=True):
     (gallery / f"{stem}.py.md5").write_text(md5)
     outputs = ".. rst-class:: sphx-glr-script-out\n\n .. code-block:: none\n\n    1\n" if executed else ""
     (gallery / f"{stem}.rst").write_text(f"Title\n=====\n\n{outputs}")
+    required = json.dumps(sorted(provenance.STRICT_REQUIREMENTS["cuda"]))  # what any strict build asks
     provenance.record_path(gallery, stem).write_text(
-        f'{{"device": "CPU: test", "passed": true, "source_md5": "{md5}"}}')
+        f'{{"device": "CPU: test", "passed": true, "source_md5": "{md5}", "required": {required}}}')
     return gallery
 
 
@@ -121,6 +125,20 @@ def test_an_md5_whose_page_was_rewritten_without_outputs_is_dropped(tmp_path):
     assert (vouched / "01_x.py.md5").exists()
 
 
+def test_outputs_of_a_lenient_run_are_dropped_by_a_stricter_build(tmp_path, monkeypatch):
+    app = _app(tmp_path, ["01_x.py"])
+    gallery = _gallery(tmp_path / "source")
+    record = provenance.record_path(gallery, "01_x")
+    record.write_text(record.read_text().replace('"required": [', '"required": ["x", '))
+    monkeypatch.setenv("COURSE_REQUIRE", "cxx,triton")
+    example_runner.drop_outputs_nobody_vouches_for(app)
+    assert (gallery / "01_x.py.md5").exists()  # it required more than this build does
+
+    record.write_text(record.read_text().replace('"required": ["x", ', '"required": ["cxx"], "r": ['))
+    example_runner.drop_outputs_nobody_vouches_for(app)
+    assert not record.exists() and not (gallery / "01_x.py.md5").exists()  # it executes again
+
+
 def test_generated_files_of_a_removed_example_go(tmp_path):
     app = _app(tmp_path, ["01_x.py"])
     gallery = _gallery(tmp_path / "source", stem="02_gone")
@@ -140,7 +158,7 @@ def test_make_help_names_every_knob():
     text = subprocess.run(["make", "-s", "-C", str(REPO), "help"], capture_output=True, text=True,
                           check=True).stdout
     for name in ["COURSE_EXAMPLE_TIMEOUT", "CACHE_RESTORE", "VENV_FLAGS", "REQUIREMENTS",
-                 "COURSE_REQUIRE", "EXAMPLES", "Ctrl+C"]:
+                 "COURSE_REQUIRE", "EXAMPLES", "RUN=", "Ctrl+C"]:
         assert name in text, name
     bench = text[text.index("make bench"):].split("\nmake ")[0]
     assert "clean build" in bench and "no-op rebuild" in bench and "editing one example" in bench
@@ -150,6 +168,20 @@ def test_docs_stand_on_their_own():
     """Nothing points outside the repository (the development checkout's shared/ folder)."""
     for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
         assert "../shared" not in doc.read_text(encoding="utf-8"), doc.name
+
+
+def test_examples_is_a_search_in_the_file_names():
+    def stems(pattern, lectures=None):
+        return [e.stem for e in example_selection.selected(EXAMPLES, lectures, pattern)]
+
+    assert stems("torch_compile") == ["06_torch_compile"]
+    assert stems("06") == ["06_flash_attention", "06_torch_compile", "06_choosing_a_layout"]
+    assert stems("^0[12]_", "lecture07_parallelism") == ["01_collectives", "02_data_parallel"]
+    for pattern in ("does_not_exist", "(", "07_triton"):
+        with pytest.raises(example_selection.SelectionError) as error:
+            stems(pattern, "lecture05_gpus")
+        assert repr(pattern) in str(error.value)
+    assert "06_torch_compile" in str(error.value)  # the examples there are, by name
 
 
 # -- Sequences of builds ----------------------------------------------------------
@@ -389,3 +421,94 @@ def test_ctrl_c_stops_serve(served):
     assert "Stopped serving" in served.log()
     with pytest.raises(OSError):
         _fetch(served.base + "en/index.html")
+
+
+# -- What EXAMPLES= executes, and what a lenient build's outputs are worth ------------
+
+
+def pages_written(log, edition):
+    """The pages an edition's build wrote, from Sphinx's "writing output... [ n%] page" lines."""
+    parts = re.split(r"^== (\S+) edition$", re.sub(r"\x1b\[[0-9;]*m", "", log), flags=re.MULTILINE)
+    text = dict(zip(parts[1::2], parts[2::2])).get(edition, "")
+    return re.findall(r"^writing output\.\.\. \[\s*\d+%\] (\S+)", text, flags=re.MULTILINE)
+
+
+@pytest.fixture(scope="module")
+def after_named_builds(checkout, served):
+    """RUN= names an unchanged example in a lenient build, then a strict build follows."""
+    served.ctrl_c()  # its watcher must not build while these do
+    stem = EDITED.stem
+    named = checked(make(checkout, "html", RUN="profiling", COURSE_REQUIRE=""))
+    lenient = provenance.read_record(checkout / "source" / "auto_examples" / LECTURE, stem)
+    strict = checked(make(checkout, "html"))
+    return SimpleNamespace(named=named, lenient=lenient, strict=strict,
+                           record=provenance.read_record(checkout / "source" / "auto_examples" / LECTURE, stem))
+
+
+def test_run_executes_what_it_names_even_when_current(after_named_builds):
+    assert after_named_builds.named.examples_executed_per_edition == {"en": 1, "zh_CN": 0}
+    assert "Executing 1 of" in after_named_builds.named.log
+
+
+def test_a_partial_build_writes_only_the_pages_it_changed(after_named_builds):
+    """The selection is not configuration: neither it nor the next full build rewrites every page."""
+    for build in (after_named_builds.named, after_named_builds.strict):
+        for edition in EDITIONS:
+            written = pages_written(build.log, edition)
+            assert f"auto_examples/{LECTURE}/{EDITED.stem}" in written, (edition, written)
+            assert len(written) <= 3, (edition, written)
+
+
+def test_a_strict_build_executes_again_what_a_lenient_one_ran(after_named_builds):
+    built = after_named_builds
+    assert built.lenient["required"] == []
+    assert built.strict.examples_executed_per_edition == {"en": 1, "zh_CN": 0}
+    assert f"{EDITED.name} executes again: its outputs come from a build that required only nothing" \
+        in built.strict.log
+    assert set(built.record["required"]) >= set(provenance.STRICT_REQUIREMENTS["cpu"])
+    assert provenance.is_strict(built.record) and not provenance.is_strict(built.lenient)
+
+
+def test_examples_that_matches_nothing_fails_at_once_and_lists_the_examples(checkout, after_named_builds):
+    result = make(checkout, "html", EXAMPLES="does_not_exist")
+    assert result.returncode != 0 and result.seconds < 60
+    assert "EXAMPLES='does_not_exist' matches no example's file name" in result.log
+    assert "06_torch_compile" in result.log and "== en edition" not in result.log
+
+
+def _messages(locale):
+    found = {}
+    for po in sorted(locale.rglob("*.po")):
+        with open(po, "rb") as f:
+            found[po.relative_to(locale).as_posix()] = {(m.id, m.string, m.fuzzy) for m in read_po(f) if m.id}
+    return found
+
+
+def test_translations_after_a_build_extract_only_the_source(checkout, after_named_builds):
+    """make translations after make html: the catalogs gain nothing that a build added to its pages."""
+    locale = checkout / "locale" / "zh_CN" / "LC_MESSAGES"
+    before = _messages(locale)
+    checked(make(checkout, "translations"))
+    after = _messages(locale)
+    changed = {name: sorted(m[0] for m in after[name] ^ before.get(name, set())) for name in after
+               if after[name] != before.get(name)}
+    assert changed == {}, changed
+
+
+def test_a_broken_translation_fails_make_html_before_the_chinese_build(checkout, after_named_builds):
+    catalog = checkout / "locale/zh_CN/LC_MESSAGES/auto_examples" / LECTURE / f"{EDITED.stem}.po"
+    original = catalog.read_text(encoding="utf-8")
+    with open(catalog, "rb") as f:
+        message = next(m for m in read_po(f) if m.id and "``" in m.string)
+    broken = message.string.replace("``", "`", 1)  # an unbalanced literal
+    escaped = json.dumps(message.string, ensure_ascii=False)[1:-1]
+    assert escaped in original
+    catalog.write_text(original.replace(escaped, json.dumps(broken, ensure_ascii=False)[1:-1], 1),
+                       encoding="utf-8")
+    try:
+        result = make(checkout, "html", EDITIONS="zh_CN")
+    finally:
+        catalog.write_text(original, encoding="utf-8")
+    assert result.returncode != 0
+    assert f"auto_examples/{LECTURE}/{EDITED.stem}.po" in result.log
+    assert "tools/check_translation.py --lint" in result.log and "== zh_CN edition" not in result.log

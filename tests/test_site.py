@@ -2,13 +2,17 @@
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
 from bs4 import BeautifulSoup
 from conftest import SITE_ENV
 
-from tools.site_build import EXAMPLES, make
+from tools.site_build import EXAMPLES, REPO, make
+
+sys.path.insert(0, str(REPO / "sphinxext"))
+import check_margins
 
 HTML = Path("_build", "html", "en")
 
@@ -54,6 +58,11 @@ def test_example_page(site, example):
     text = provenance.get_text(" ", strip=True)
     assert re.search(r"Executed on .+ with torch \d", text), text
 
+    record = json.loads((checkout / "source/auto_examples" / example.parent.name / "provenance"
+                         / f"{example.stem}.json").read_text())
+    over = [m for m in record["margins"] if m["use"] > check_margins.HEADROOM]
+    assert not over, "checks that use more than half of their tolerance:\n" + check_margins.markdown(over)
+
 
 @pytest.mark.parametrize("lecture", sorted({e.parent.name for e in EXAMPLES}))
 def test_gallery_index(site, lecture):
@@ -79,14 +88,27 @@ def test_noop_rebuild_executes_nothing(site):
     assert again.examples_executed == 0
 
 
+def links_to(root, page_name):
+    """Built pages (both editions) with a link to ``page_name``."""
+    pattern = re.compile(rf'href="[^"]*/{re.escape(page_name)}(?:#[^"]*)?"')
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*.html")
+                  if p.name != page_name and pattern.search(p.read_text(encoding="utf-8")))
+
+
 def test_changing_one_example_reexecutes_only_it(site):
-    """A stand-in example is added, then edited: each build executes it alone."""
+    """A stand-in example is added, then edited: each build executes it alone. Added and
+    removed again, it appears in, then vanishes from, every page's navigation."""
     checkout, _ = site
+    built = checkout / "_build" / "html"
     tiny = checkout / "examples" / "lecture05_gpus" / "97_tiny.py"
     tiny.write_text('"""\nTiny\n====\n\nA stand-in example.\n"""\n\nprint(1 + 1)\n')
     added = make(checkout, "html", env=SITE_ENV)
     assert added.returncode == 0, added.log[-3000:]
     assert added.examples_executed == 1
+    before_it = "auto_examples/lecture05_gpus/07_occupancy_and_on_chip.html"
+    linking = links_to(built, "97_tiny.html")
+    for edition in ("en", "zh_CN"):  # its neighbour's "next" link and every sidebar name it
+        assert f"{edition}/{before_it}" in linking, f"{edition}: the page before it does not link to it"
 
     tiny.write_text(tiny.read_text() + "print(2 + 2)\n")
     changed = make(checkout, "html", env=SITE_ENV)
@@ -94,6 +116,30 @@ def test_changing_one_example_reexecutes_only_it(site):
     assert changed.examples_executed == 1
     assert "4" in (checkout / HTML / "auto_examples/lecture05_gpus/97_tiny.html").read_text()
 
-    tiny.unlink()  # leave the shared site as it was for later tests
-    for generated in (checkout / "source/auto_examples/lecture05_gpus").glob("97_tiny*"):
-        generated.unlink()
+    tiny.unlink()  # and the site is as it was for later tests
+    removed = make(checkout, "html", env=SITE_ENV)
+    assert removed.returncode == 0, removed.log[-3000:]
+    assert removed.examples_executed == 0
+    assert links_to(built, "97_tiny.html") == [], "pages still link to the removed example"
+
+
+def test_pages_name_no_folder_of_the_build_machine(site):
+    """Printed paths are relative to the example's folder: a page names no folder of the build."""
+    checkout, _ = site
+    root = checkout / "_build" / "html"
+    found = [str(p.relative_to(root)) for p in root.rglob("*.html") if str(checkout) in p.read_text("utf-8")]
+    assert found == [], f"pages that print {checkout}/...: {found}"
+
+
+@pytest.mark.parametrize("edition", ["en", "zh_CN"])
+def test_a_page_that_lists_its_files_is_described_by_its_own_text(site, edition):
+    """02_profiling writes a trace: the list sits in the provenance note, in the page's language,
+    and the page's description (og:description) starts with the example's text."""
+    checkout, _ = site
+    page = soup(checkout / "_build" / "html" / edition / "auto_examples/lecture06_kernels_triton/02_profiling.html")
+    note = page.select_one("div.provenance")
+    assert note is not None and note.select("a.download"), "the trace is not listed in the note"
+    label = {"en": "Files this example wrote:", "zh_CN": "本示例写出的文件："}[edition]
+    assert label in note.get_text(" ", strip=True)
+    description = page.select_one('meta[property="og:description"]')["content"]
+    assert "Files this example wrote" not in description and "本示例写出的文件" not in description

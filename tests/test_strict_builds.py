@@ -25,8 +25,14 @@ import types
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from conftest import record_margins
 
 from tools.site_build import EXAMPLES, REPO
+
+sys.path.insert(0, str(REPO / "sphinxext"))
+import check_margins
+
+RUNNER = REPO / "tools" / "run_as_reader.py"
 
 
 def source(example):
@@ -114,17 +120,19 @@ SCENARIOS = {name: (path, changes) for name, path, changes in scenarios()}
 
 
 def run(path, changes, tools, scratch):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COURSE_")}
-    env.update(TRITON_INTERPRET="1", MPLBACKEND="Agg",
-               TORCH_EXTENSIONS_DIR=str(scratch / "extensions"))  # no earlier build is reused
+    """As a reader runs it (no TRITON_INTERPRET: the example sets it), with its margin log."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COURSE_", "TRITON_"))}
+    env.update(MPLBACKEND="Agg", TORCH_EXTENSIONS_DIR=str(scratch / "extensions"))  # no earlier build is reused
     for name, value in changes.items():
         if value is None:
             env.pop(name, None)
         else:
             env[name] = value.format(**tools)
     scratch.mkdir(parents=True)
-    return subprocess.run([sys.executable, str(path)], cwd=scratch, env=env,
-                          capture_output=True, text=True, timeout=400, check=False)
+    done = subprocess.run([sys.executable, str(RUNNER), str(path), "--log", str(scratch / "margins.jsonl")],
+                          cwd=scratch, env=env, capture_output=True, text=True, timeout=400, check=False)
+    done.margins = check_margins.table(check_margins.read(scratch / "margins.jsonl"))
+    return done
 
 
 @pytest.fixture(scope="module")
@@ -157,6 +165,10 @@ PICKY = [name for name in SCENARIOS if name.startswith("picky-")]
 def test_a_reader_s_run_skips_what_is_missing_and_says_so(runs, name):
     done = runs[name]
     assert done.returncode == 0, done.stderr[-3000:]
+    cell = "no Triton" if name.startswith("no-triton") else "no C++ compiler"
+    record_margins(cell, done.margins)
+    over = [m for m in done.margins if m["use"] > check_margins.HEADROOM]
+    assert not over, "checks that use more than half of their tolerance:\n" + check_margins.markdown(over)
     capability = "triton" if name.startswith("no-triton") else "cxx"
     lines = skipped_lines(done)
     assert any(f": {capability} is missing (" in line for line in lines), done.stdout[-3000:]

@@ -1,0 +1,169 @@
+"""The portability matrix: every example's checks hold on the machines its readers have,
+each with at least 2x headroom on its tolerance.
+
+A check that passes on one machine can fail on another (a float64 check once failed
+a fresh clone on a CPU without AVX-512), so the suite runs every example in several
+cells, one process per example, and logs the margin use of every ``assert_close``
+(its worst error over the error it allowed, sphinxext/check_margins.py):
+
+| cell | where | CPU instructions | threads | versions | environment |
+| --- | --- | --- | --- | --- | --- |
+| site build | tests/conftest.py | ``ATEN_CPU_CAPABILITY=default`` | 2 | pins | ``make html`` |
+| GPU check | tests/test_examples_standalone.py | ``avx2`` | 1 | pins | tools/gpu_check.py |
+| reader | here | the machine's own (AVX-512 where it has it) | all | pins | the downloaded ``.py`` in an empty folder, no variables, a busy loop on every core |
+| newest | here | the machine's own | all | the newest triton and numpy on PyPI | as a reader |
+| no Triton, no C++ | tests/test_strict_builds.py | the machine's own | all | pins | ``import triton`` fails; ``CXX=/bin/false``; no compiler on PATH |
+
+Each cell fails a test when an example fails, or when one of its checks uses more
+than half of its tolerance (``HEADROOM``). Timing claims are not tolerances: on a
+CPU the examples report them, and excuse them when other programs took the cores.
+``make test`` prints the worst margins of every cell at the end.
+"""
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from conftest import record_margins
+
+from tools.site_build import EXAMPLES, REPO
+
+sys.path.insert(0, str(REPO / "sphinxext"))
+import check_margins
+
+RUNNER = REPO / "tools" / "run_as_reader.py"
+NEWEST = ("triton", "numpy")  # what a reader who installs today gets beside the pinned torch
+
+
+@dataclass
+class Run:
+    returncode: int
+    seconds: float
+    output: str
+    margins: list = field(default_factory=list)
+
+
+def reader_env(cache, **extra):
+    """The environment of a reader's shell: none of the build's or the suite's variables.
+
+    Inductor's cache of compiled graphs gets a folder of its own (``cache``): it does
+    not key on the instruction set, and code compiled for another cell's could be reused.
+    """
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("COURSE_", "TRITON_", "ATEN_", "OMP_", "TORCHINDUCTOR_"))
+           and k != "PYTHONPATH"}
+    return {**env, "MPLBACKEND": "Agg", "TORCHINDUCTOR_CACHE_DIR": str(cache), **extra}
+
+
+def run_cell(name, scripts, folder, env, timeout=600, record=True):
+    """Each script in its own process, one after another, with its margin log."""
+    runs = {}
+    for script in scripts:
+        log = folder / f"{script.stem}.margins.jsonl"
+        start = time.perf_counter()
+        try:
+            done = subprocess.run([sys.executable, str(RUNNER), str(script), "--log", str(log)],
+                                  cwd=script.parent, env=env, capture_output=True, text=True,
+                                  timeout=timeout, check=False)
+            code, output = done.returncode, done.stdout + done.stderr
+        except subprocess.TimeoutExpired as stopped:
+            code, output = -1, f"ran longer than {timeout} s\n{stopped.stdout or ''}{stopped.stderr or ''}"
+        margins = check_margins.table(check_margins.read(log), cell=name)
+        runs[script.stem] = Run(code, round(time.perf_counter() - start, 1), output, margins)
+        if record:
+            record_margins(name, margins, runs[script.stem].seconds)
+    return runs
+
+
+def downloads(site_root):
+    """The ``.py`` of every example as the built English site offers it for download."""
+    found = {p.name: p for p in (site_root / "_build" / "html" / "en" / "_downloads").rglob("*.py")}
+    missing = [e.name for e in EXAMPLES if e.name not in found]
+    assert not missing, f"no download for {missing}"
+    return [found[e.name] for e in EXAMPLES]
+
+
+class BusyCores:
+    """A busy loop on every core while the block runs: the load of a shared machine."""
+
+    def __enter__(self):
+        self.loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                      for _ in range(os.cpu_count() or 1)]
+        return self
+
+    def __exit__(self, *exc):
+        for loop in self.loops:
+            loop.kill()
+            loop.wait()
+
+
+@pytest.fixture(scope="session")
+def reader_cell(site, tmp_path_factory):
+    checkout, _ = site
+    folder = tmp_path_factory.mktemp("reader")
+    scripts = []
+    for download in downloads(checkout):
+        empty = folder / download.stem
+        empty.mkdir()
+        scripts.append(empty / download.name)
+        scripts[-1].write_bytes(download.read_bytes())
+    with BusyCores():
+        return run_cell("reader", scripts, folder, reader_env(folder / "inductor"))
+
+
+@pytest.fixture(scope="session")
+def newest_cell(tmp_path_factory):
+    """The newest triton and numpy from PyPI, put in front of the pinned ones."""
+    overlay = tmp_path_factory.mktemp("newest")
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
+         "--upgrade", "--target", str(overlay / "site"), *NEWEST],
+        capture_output=True, text=True, check=False)
+    if installed.returncode != 0:
+        pytest.skip(f"could not install the newest {' and '.join(NEWEST)} from PyPI:"
+                    f" {installed.stderr.strip().splitlines()[-1:]}")
+    versions = sorted(p.name.removesuffix(".dist-info") for p in (overlay / "site").glob("*.dist-info"))
+    print("newest releases:", ", ".join(versions))
+    return versions, run_cell("newest", EXAMPLES, overlay,
+                              reader_env(overlay / "inductor", PYTHONPATH=str(overlay / "site")))
+
+
+def _check(run, stem):
+    assert run.returncode == 0, f"{stem} failed:\n{run.output[-4000:]}"
+    over = [m for m in run.margins if m["use"] > check_margins.HEADROOM]
+    assert not over, (f"{stem}: checks that use more than half of their tolerance:\n"
+                      + check_margins.markdown(over))
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_a_reader_s_download_runs_under_load_with_headroom(reader_cell, example):
+    _check(reader_cell[example.stem], example.stem)
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_the_newest_releases_run_with_headroom(newest_cell, example):
+    versions, runs = newest_cell
+    assert any(v.startswith("triton-") for v in versions), versions
+    _check(runs[example.stem], example.stem)
+
+
+def test_every_cell_checks_numbers(reader_cell, newest_cell):
+    """The log sees the checks: a cell with no margin rows would prove nothing."""
+    for runs in (reader_cell, newest_cell[1]):
+        checked = [stem for stem, run in runs.items() if run.margins]
+        assert len(checked) >= len(EXAMPLES) - 2, sorted(set(runs) - set(checked))
+
+
+def test_the_log_reads_a_planted_precision_bug(tmp_path):
+    """A float32 sum compared to float64 at float64's tolerance: the log shows it, and assert_close fails."""
+    script = tmp_path / "planted.py"
+    script.write_text("import torch\nx = torch.rand(10_000, dtype=torch.float64)\n"
+                      "torch.testing.assert_close(x.float().sum().double(), x.sum(), rtol=1e-12, atol=0)\n")
+    runs = run_cell("planted", [script], tmp_path, reader_env(tmp_path / "inductor"), record=False)
+    assert runs["planted"].returncode != 0
+    assert runs["planted"].margins and runs["planted"].margins[0]["use"] > 1
+    assert Path(runs["planted"].margins[0]["file"]).name == "planted.py"
