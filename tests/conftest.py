@@ -18,13 +18,14 @@ import check_margins
 
 # Built for hosting under a path prefix, as the browser tests serve it, and
 # published from a GitHub repository, so that pages link to Colab. Its examples run
-# with PyTorch's plainest CPU kernels (no AVX2, no AVX-512): one cell of the matrix.
+# with the plainest CPU kernels of PyTorch, MKL (its BLAS) and oneDNN, no AVX2 and
+# no AVX-512: one cell of the matrix.
 # Inductor's cache of compiled graphs does not key on the instruction set, so each
 # cell of the matrix that compiles gets a cache of its own (new in every session).
 SITE_ENV = {
     "COURSE_BASE_URL": "http://localhost/course/",
     "COURSE_REPO_URL": "https://github.com/course-authors/gpu-programming-for-llms",
-    "ATEN_CPU_CAPABILITY": "default",
+    "ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ONEDNN_MAX_CPU_ISA": "SSE41",
     "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(prefix="course-inductor-site-"),
 }
 

@@ -8,8 +8,8 @@ cells, one process per example, and logs the margin use of every ``assert_close`
 
 | cell | where | CPU instructions | threads | versions | environment |
 | --- | --- | --- | --- | --- | --- |
-| site build | tests/conftest.py | ``ATEN_CPU_CAPABILITY=default`` | 2 | pins | ``make html`` |
-| GPU check | tests/test_examples_standalone.py | ``avx2`` | 1 | pins | tools/gpu_check.py |
+| site build | tests/conftest.py | none beyond SSE4 (``ATEN_CPU_CAPABILITY=default``, MKL's and oneDNN's likewise) | 2 | pins | ``make html`` |
+| GPU check | tests/test_examples_standalone.py | AVX2 (PyTorch's, MKL's and oneDNN's) | 1 | pins | tools/gpu_check.py |
 | reader | here | the machine's own (AVX-512 where it has it) | all | pins | the downloaded ``.py`` in an empty folder, no variables, a busy loop on every core |
 | newest | here | the machine's own | all | the newest triton and numpy on PyPI | as a reader |
 | no Triton, no C++ | tests/test_strict_builds.py | the machine's own | all | pins | ``import triton`` fails; ``CXX=/bin/false``; no compiler on PATH |
@@ -54,7 +54,7 @@ def reader_env(cache, **extra):
     not key on the instruction set, and code compiled for another cell's could be reused.
     """
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("COURSE_", "TRITON_", "ATEN_", "OMP_", "TORCHINDUCTOR_"))
+           if not k.startswith(("COURSE_", "TRITON_", "ATEN_", "MKL_", "ONEDNN_", "OMP_", "TORCHINDUCTOR_"))
            and k != "PYTHONPATH"}
     return {**env, "MPLBACKEND": "Agg", "TORCHINDUCTOR_CACHE_DIR": str(cache), **extra}
 
