@@ -42,11 +42,7 @@ import time
 
 import matplotlib.pyplot as plt
 import torch
-import torch._dynamo as dynamo
-import torch._inductor.config as inductor_config
 import torch.nn.functional as F
-from torch._dynamo.utils import counters
-from torch._inductor.utils import clear_inductor_caches, run_and_get_code
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -63,6 +59,13 @@ except ImportError as error:
     TRITON_IMPORT_ERROR = error
 HAVE_TRITON = TRITON_IMPORT_ERROR is None
 
+# Dynamo and Inductor import Triton (where it is installed), so they come after
+# TRITON_INTERPRET.
+import torch._dynamo as dynamo
+import torch._inductor.config as inductor_config
+from torch._dynamo.utils import counters
+from torch._inductor.utils import clear_inductor_caches, run_and_get_code
+
 CACHE_VARIABLES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 saved_cache_settings = {name: os.environ.get(name) for name in CACHE_VARIABLES}
 
@@ -77,6 +80,9 @@ BLOCK_TILE = 128  # create_block_mask's default tile
 REGIONAL_BLOCKS = [1, 2, 4, 8] if ON_GPU else [4]
 REGIONAL_WIDTH = 256 if ON_GPU else 64
 torch.manual_seed(0)
+# float32 matmuls in float32 on a GPU too, not TF32 (cuBLAS and Inductor's FlexAttention
+# template read this flag): the checks below compare float32 results with float64
+torch.backends.cuda.matmul.allow_tf32 = False
 
 
 def skip_or_fail(section, capability, reason):
@@ -202,6 +208,9 @@ def step_reference(x, y):
 
 
 def check_against_float64(out, x, y):
+    # float32, any device: four roundings at most (alpha * x + y two, or one as an FMA;
+    # * 3 and + 1), 2.4e-7 relative; where alpha * x and y cancel, 3 * eps/2 * |alpha x|,
+    # about 2e-6 for |x| < 5
     torch.testing.assert_close(out.double(), step_reference(x, y), rtol=1e-6, atol=1e-5)
 
 
@@ -376,6 +385,8 @@ def time_tiny_stack():
     for name, fn in modes.items():
         for _ in range(3):  # compile and warm up, record, replay
             out = fn(x).clone()  # a replay overwrites its output: keep a copy
+        # 48 float32 layers of 64-term sums, sqrt(64) eps ~ 1e-6 each, grown over the
+        # residual stream to some 1e-5 at most; TF32 is off (above)
         torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
         times[name] = triton.testing.do_bench(lambda fn=fn: fn(x))
     new_shape = torch.randn(TINY_BATCH + 1, TINY_WIDTH, device=DEVICE)
@@ -459,6 +470,9 @@ def alibi_window_bias(seq, slopes):
 def check_attention(out, reference):
     """Within float32's rounding of the largest output; raises otherwise."""
     scale = reference.abs().max().item()
+    # float32 scores (head_dim-term dot products, sqrt(64) eps) through an online softmax
+    # and a sum over at most WINDOW values: some tens of eps of the largest output, under
+    # 1e-5 * scale = 84 eps of it; TF32 is off on a GPU (above)
     torch.testing.assert_close(out.double(), reference, rtol=1e-4, atol=1e-5 * scale)
     return (out.double() - reference).abs().max().item(), scale
 
@@ -472,6 +486,17 @@ def flex_device():
                  "(pytorch/pytorch#164813); checked on the CPU instead".format(
                      *torch.cuda.get_device_capability()))
     return "cpu"
+
+
+def cpu_flex_attention_problem():
+    """Why Inductor cannot compile FlexAttention on this CPU, or None: its C++ template
+    needs AVX2 or AVX-512 kernels in ATen, and no macOS."""
+    if sys.platform == "darwin":
+        return "Inductor's CPU FlexAttention does not support macOS"
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in ("AVX2", "AVX512"):
+        return f"Inductor's CPU FlexAttention needs AVX2 or AVX-512, and ATen runs {capability}"
+    return None
 
 
 def check_flex_alibi(device):
@@ -500,9 +525,14 @@ def check_flex_alibi(device):
     return error, scale, (int(tiles.sum()), tiles.numel()), timings
 
 
-if COMPILE_WORKS:
+FLEX_DEVICE = flex_device() if COMPILE_WORKS else None
+FLEX_MISSING = cpu_flex_attention_problem() if FLEX_DEVICE == "cpu" else None
+FLEX_CHECKED = FLEX_DEVICE is not None and FLEX_MISSING is None
+if FLEX_MISSING is not None:
+    skip_or_fail("FlexAttention", "avx2", FLEX_MISSING)
+elif COMPILE_WORKS:
     flex_error, flex_scale, (tiles_visited, tiles_total), flex_timings = check_flex_alibi(
-        flex_device())
+        FLEX_DEVICE)
     print(f"FlexAttention, ALiBi in a causal window of {WINDOW}, shape {FLEX_SHAPE}, compiled: "
           f"max |error| vs float64 SDPA {flex_error:.2e} (outputs up to {flex_scale:.2f})")
     print(f"  block mask: the kernel visits {tiles_visited} of {tiles_total} tiles "
@@ -529,10 +559,20 @@ else:
 class Records(logging.Handler):
     def __init__(self):
         super().__init__(level=logging.DEBUG)
-        self.messages = []
+        self.records = []  # (level, message)
 
     def emit(self, record):
-        self.messages.append(record.getMessage())
+        self.records.append((record.levelno, record.getMessage()))
+
+
+EXAMPLE_FILE = os.path.basename(sys._getframe().f_code.co_filename)  # this file, as run
+PATH_TO_EXAMPLE = re.compile(r"[^\s'\"(]*[/\\]" + re.escape(EXAMPLE_FILE))
+
+
+def with_file_name(text):
+    """``text`` with every path to this example cut to the file's name: the folders are
+    the machine's, not the reader's."""
+    return PATH_TO_EXAMPLE.sub(EXAMPLE_FILE, text)
 
 
 def breaks_and_recompiles(x, activation):
@@ -546,23 +586,25 @@ def log_breaks_and_recompiles():
     torch._logging.set_logs(graph_breaks=True, recompiles=True)
     loggers = [logging.getLogger(name) for name in list(logging.Logger.manager.loggerDict)
                if name.endswith(("__graph_breaks", "__recompiles")) or name == "torch._dynamo"]
+    dynamo_handlers = {logger: logger.handlers for logger in loggers}
     for logger in loggers:
-        logger.addHandler(handler)
-        logger.propagate = False  # to our handler only, not to stderr
+        logger.handlers = [handler]  # Dynamo's warnings too: printed below, not to stderr
+        logger.propagate = False
     saved_limit = dynamo.config.recompile_limit
     dynamo.config.recompile_limit = 2
     try:
         compiled = torch.compile(breaks_and_recompiles, backend="eager")
         x = torch.randn(16)
         for activation in ("sin", "cos", "tanh"):
+            # backend "eager" runs the same operations: float32's default tolerance
             torch.testing.assert_close(compiled(x, activation), breaks_and_recompiles(x, activation))
     finally:
         dynamo.config.recompile_limit = saved_limit
-        for logger in loggers:
-            logger.removeHandler(handler)
+        for logger, handlers in dynamo_handlers.items():
+            logger.handlers = handlers
             logger.propagate = True
         torch._logging.set_logs()
-    return handler.messages
+    return handler.records
 
 
 def first_line_with(messages, text):
@@ -573,11 +615,17 @@ def first_line_with(messages, text):
     raise AssertionError(f"no log record mentions {text!r}")
 
 
-log_messages = log_breaks_and_recompiles()
+log_records = log_breaks_and_recompiles()
+log_messages = [with_file_name(message) for _, message in log_records]
 print(f"log records caught: {len(log_messages)}")
 print("  graph break : " + first_line_with(log_messages, "Graph Break Reason"))
 print("  recompile   : " + first_line_with(log_messages, "Recompiling function"))
 print("  limit       : " + first_line_with(log_messages, "recompile_limit"))
+print("Dynamo's warnings among them, as it words them:")
+for (level, _), message in zip(log_records, log_messages):
+    if level >= logging.WARNING:
+        for line in message.splitlines():
+            print(f"  | {line.rstrip()}")
 
 # %%
 # **torch.compiler.disable.** A function marked with it is never traced: Dynamo splits
@@ -645,6 +693,8 @@ def cold_compile_seconds(blocks, regional):
     if ON_GPU:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
+    # compiled and eager float32 sum in different orders: sqrt(4 * width) eps of order-one
+    # terms (2e-6 at width 256, over 8 blocks on a GPU), far under 1e-4
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
     return seconds, (cpu_seconds() - cpu_start) / seconds
 
@@ -846,9 +896,13 @@ GPU_LAUNCHES = [("scaled_add", [((n,), torch.float32), ((n,), torch.float32)], {
 # -----------
 
 KEY_FIGURES = {"device": DEVICE_NAME, "compile_works": "yes" if COMPILE_WORKS else "no"}
-if COMPILE_WORKS:
+if FLEX_CHECKED:
     KEY_FIGURES["flex_alibi_max_abs_error"] = f"{flex_error:.2e}"
     KEY_FIGURES["flex_tiles_visited_fraction"] = tiles_visited / tiles_total
+    for name, ms in (flex_timings or {}).items():
+        key = re.sub(r"\W+", "_", name.lower()).strip("_")
+        KEY_FIGURES[f"alibi_window_{key}_ms"] = ms
+if COMPILE_WORKS:
     for blocks, (whole, regional) in compile_seconds.items():
         KEY_FIGURES[f"compile_whole_{blocks}_blocks_s"] = whole
         KEY_FIGURES[f"compile_regional_{blocks}_blocks_s"] = regional
@@ -856,6 +910,3 @@ if ON_GPU and COMPILE_WORKS:
     for name, ms in tiny_times.items():
         KEY_FIGURES[f"tiny_stack_{name}_us"] = ms * 1e3
     KEY_FIGURES["reduce_overhead_new_shape_first_call_ms"] = new_shape_ms
-    for name, ms in (flex_timings or {}).items():
-        key = re.sub(r"\W+", "_", name.lower()).strip("_")
-        KEY_FIGURES[f"alibi_window_{key}_ms"] = ms
