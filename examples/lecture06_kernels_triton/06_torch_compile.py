@@ -87,6 +87,9 @@ else:
     MIN_RUN_TIME = 0.2
 TOKENS = BATCH * SEQ
 torch.manual_seed(0)
+# float32 matmuls in float32 on a GPU too, not TF32 (cuBLAS and Inductor's FlexAttention
+# template read this flag): the checks compare float32 results with float64
+torch.backends.cuda.matmul.allow_tf32 = False
 
 
 def device_name():
@@ -324,6 +327,8 @@ if COMPILE_WORKS:
     compiled_error = (out_compiled - out_reference).abs().max().item()
     print(f"max |compiled - float64| : {compiled_error:.2e}")
     print(f"max |compiled - eager|   : {(out_compiled - out_eager).abs().max().item():.2e}")
+    # float32 sums of K <= 4d order-one products in some order: about sqrt(K) eps, 8e-6
+    # at the GPU's K = 4096, plus a few roundings in RMSNorm and GeLU; TF32 is off
     torch.testing.assert_close(out_compiled, out_eager, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(out_compiled, out_reference.float(), rtol=1e-4, atol=1e-4)
     print("compiled block matches eager and the float64 reference (rtol = atol = 1e-4)")
@@ -474,7 +479,7 @@ def plot_cumulative(overheads_s, eager_s, compiled_s):
 
 if COMPILE_WORKS:
     compiled_block, out_warm, warm_first_call_s, warm_cache_hits = warm_compiled_call(block, x)
-    torch.testing.assert_close(out_warm, block(x), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out_warm, block(x), rtol=1e-4, atol=1e-4)  # as above
     check_warm_compile(first_call_s, warm_first_call_s, warm_cache_hits)
     del out_warm
     overheads_s = {"cold cache": max(first_call_s - compiled_s, 0.0),
@@ -504,6 +509,7 @@ else:
 def measure_width(d):
     block_d, x_d = make_block(d)
     compiled_d = torch.compile(block_d, dynamic=False)
+    # as for D_MAIN: sqrt(4d) eps, 1.5e-5 at d = 4096
     torch.testing.assert_close(compiled_d(x_d), block_d(x_d), rtol=1e-4, atol=1e-4)
     return time_eager_and_compiled(block_d, compiled_d, x_d)
 
@@ -587,6 +593,7 @@ whole = torch.compile(sine_then_where, backend="eager", fullgraph=True)
 broken = torch.compile(sine_then_branch, backend="eager")
 for sign in (1, -1):  # sin is odd, so the two signs take both branches
     x_signed = sign * x_small
+    # backend "eager" runs the same operations: float32's default tolerance
     torch.testing.assert_close(whole(x_signed), sine_then_where(x_signed))
     torch.testing.assert_close(broken(x_signed), sine_then_branch(x_signed))
 print("fullgraph=True accepts sine_then_where; both compiled versions match eager on both branches")
@@ -659,6 +666,7 @@ def call_with_lengths(mark_dynamic):
         x_n = torch.randn(n, device=DEVICE)
         if mark_dynamic:
             dynamo.mark_dynamic(x_n, 0)
+        # GraphCounter runs the traced graph as is: float32's default tolerance
         torch.testing.assert_close(compiled(x_n), scaled_sine(x_n))
     check_traced_on_fake_tensors(counter.traced_on_fake_tensors)
     return counter.kinds, counters["stats"]["unique_graphs"]
@@ -747,7 +755,7 @@ def call_past_recompile_limit():
         """Call with an input of length ``n``: how often did a compiled graph run?"""
         x_n = torch.randn(n, device=DEVICE)
         runs_before = counter.runs
-        torch.testing.assert_close(compiled(x_n), scaled_sine(x_n))
+        torch.testing.assert_close(compiled(x_n), scaled_sine(x_n))  # the same operations
         return counter.runs - runs_before
 
     try:
@@ -854,6 +862,8 @@ def row_softmax(t):
 if COMPILE_WORKS and DEVICE == "cuda":
     long_rows = torch.randn(2048, 32768, device=DEVICE)
     probabilities, softmax_sources = run_and_get_code(torch.compile(row_softmax), long_rows)
+    # float32: exp's ulps and a tree-reduced sum of 32768 terms (15 roundings), some tens
+    # of eps of each entry; atol far under the entries (~3e-5)
     torch.testing.assert_close(probabilities.double(), torch.softmax(long_rows.double(), dim=-1),
                                rtol=1e-4, atol=1e-9)
     if inductor_options["online_softmax"]:
@@ -890,6 +900,8 @@ def inspect_compiled_attention():
     fused_calls = re.findall(r"(_scaled_dot_product_\w+)\.default\(", code)
     matmul_calls = re.findall(r"extern_kernels\.b?mm\(", code)
     reference = F.scaled_dot_product_attention(q.double(), k.double(), v.double())
+    # float32 scores (sqrt(head_dim) eps), a softmax and a sum over seq values of order
+    # one: some tens of eps, under 1e-4 at the GPU's seq = 1024; TF32 is off
     torch.testing.assert_close(out, reference.float(), rtol=1e-4, atol=1e-4)
     check_attention_rewritten(fused_calls)
     return fused_calls, len(matmul_calls)
@@ -927,6 +939,7 @@ def compile_flex_attention():
     out, flex_sources = run_and_get_code(torch.compile(flex_attention), q, k, v,
                                          block_mask=block_mask)
     reference = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+    # as for the rewritten attention: some tens of eps; TF32 is off
     torch.testing.assert_close(out, reference.float(), rtol=1e-4, atol=1e-4)
     return "\n".join(flex_sources)
 
@@ -950,7 +963,21 @@ def check_flex_attention_code(code, shape):
     return largest
 
 
-if COMPILE_WORKS:
+def cpu_flex_attention_problem():
+    """Why Inductor cannot compile FlexAttention on this CPU, or None: its C++ template
+    needs AVX2 or AVX-512 kernels in ATen, and no macOS."""
+    if sys.platform == "darwin":
+        return "Inductor's CPU FlexAttention does not support macOS"
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in ("AVX2", "AVX512"):
+        return f"Inductor's CPU FlexAttention needs AVX2 or AVX-512, and ATen runs {capability}"
+    return None
+
+
+FLEX_MISSING = cpu_flex_attention_problem() if DEVICE == "cpu" else None
+if COMPILE_WORKS and FLEX_MISSING is not None:
+    skip_or_fail("compiled FlexAttention", "avx2", FLEX_MISSING)
+elif COMPILE_WORKS:
     flex_code = compile_flex_attention()
     largest_buffer = check_flex_attention_code(flex_code, FLEX_SHAPE)
     batch, heads, seq, head_dim = FLEX_SHAPE
