@@ -30,6 +30,7 @@ import platform
 from functools import partial
 
 import matplotlib.pyplot as plt
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils import benchmark
@@ -165,9 +166,10 @@ if HAVE_TRITON:
         tl.store(out_ptr + row * out_row_stride + cols, y, mask=in_bounds)
 
     def triton_softmax(x):
-        """Row softmax of a 2-D tensor whose rows are contiguous."""
+        """Row softmax of a 2-D tensor whose rows are contiguous (rows may lie apart)."""
         if x.ndim != 2 or x.stride(1) != 1:
-            raise ValueError("expected a 2-D tensor with contiguous rows")
+            raise ValueError(f"expected a 2-D tensor with contiguous rows, got shape "
+                             f"{tuple(x.shape)} and strides {x.stride()}: pass x.contiguous()")
         n_rows, n_cols = x.shape
         block_size = triton.next_power_of_2(n_cols)
         num_warps = min(max(block_size // 512, 4), 16)
@@ -183,7 +185,11 @@ if HAVE_TRITON:
 # each program costs milliseconds, so the CPU uses ``183 x 781`` instead. The
 # other shapes cover one column, a row length far from a power of two, and
 # inputs shifted by 1000, where ``exp`` without the max subtraction would
-# overflow to ``inf``. The reference is ``torch.softmax`` in float64.
+# overflow to ``inf``. The reference is ``torch.softmax`` in float64. Each
+# case runs a second time on a view whose rows lie further apart than their
+# length, a slice of a wider tensor, so that a kernel that mixed up the row
+# strides of its input and output would fail; a transposed input, whose rows
+# are not contiguous, is refused with an error.
 #
 # The entries of a row of length ``N`` are about ``1/N``, so an absolute
 # tolerance such as float32's default ``1e-5`` would pass errors of several
@@ -203,12 +209,15 @@ SOFTMAX_TEST_CASES = [  # (rows, columns, shift added to the input)
 def assert_rows_sum_to_one(y):
     """Every row of a softmax is a probability distribution."""
     row_sums = y.double().sum(dim=1)
+    # entries each within SOFTMAX_RTOL of theirs sum to within SOFTMAX_RTOL of 1
     torch.testing.assert_close(row_sums, torch.ones_like(row_sums), rtol=0, atol=SOFTMAX_RTOL)
 
 
 def assert_softmax_matches(y, x):
     """``y`` against the float64 softmax of ``x``, relative to each entry's size."""
     expected = torch.softmax(x.double(), dim=1)
+    # exp's few ulps, a tree-reduced sum (log2 N roundings) and a division, relative to
+    # each entry on any device: some tens of eps, under 1e-5 = 84 eps
     torch.testing.assert_close(y.double(), expected, rtol=SOFTMAX_RTOL, atol=0)
     assert_rows_sum_to_one(y)
 
@@ -217,13 +226,30 @@ def check_softmax(rows, cols, shift):
     x = torch.randn(rows, cols, device=DEVICE) + shift
     assert_softmax_matches(triton_softmax(x), x)
     assert_softmax_matches(naive_softmax(x), x)
+    sliced = (torch.randn(rows, cols + 13, device=DEVICE) + shift)[:, 7:7 + cols]
+    output = triton_softmax(sliced)  # a new, contiguous tensor: its row stride is cols
+    if sliced.stride(0) == output.stride(0):
+        raise AssertionError("the sliced view's rows are not further apart than the output's")
+    assert_softmax_matches(output, sliced)
+    assert_softmax_matches(naive_softmax(sliced), sliced)
+
+
+def check_rejects_transposed_input():
+    transposed = torch.randn(64, 33, device=DEVICE).t()
+    try:
+        triton_softmax(transposed)
+    except ValueError as error:
+        print(f"a transposed input is refused: {error}")
+    else:
+        raise AssertionError("triton_softmax accepted a tensor whose rows are not contiguous")
 
 
 if HAVE_TRITON:
     for rows, cols, shift in SOFTMAX_TEST_CASES:
         check_softmax(rows, cols, shift)
-        print(f"softmax {rows:>5} x {cols:<5} (shift {shift:6.1f}): Triton and naive match "
-              f"float64 (rtol {SOFTMAX_RTOL:.0e}), rows sum to 1")
+        print(f"softmax {rows:>5} x {cols:<5} (shift {shift:6.1f}), contiguous and sliced: "
+              f"Triton and naive match float64 (rtol {SOFTMAX_RTOL:.0e}), rows sum to 1")
+    check_rejects_transposed_input()
 
 # %%
 # Measure: effective bandwidth against row length
@@ -473,8 +499,12 @@ def matmul_dtype():
 
 
 MATMUL_DTYPE = matmul_dtype()
-# atol covers float32 accumulation on order-one outputs, which is all a float32 CPU run has
+# rtol: the output's one rounding (eps / 2) with 2x headroom; atol: float32 accumulation
+# of K products of order 1/sqrt(K) on order-one outputs, about sqrt(K) eps (7e-6 at
+# K = 2053), which is all a float32 CPU run has
 TRITON_MATMUL_TOLERANCE = {"rtol": torch.finfo(MATMUL_DTYPE).eps, "atol": 1e-4}
+# on a GPU, split-K partials that cuBLAS may reduce in 16 bits and F.gelu's second
+# rounding: a few 2**-8; on a CPU float32 accumulation as above
 LIBRARY_MATMUL_TOLERANCE = ({"rtol": 1e-4, "atol": 1e-4} if DEVICE == "cpu"
                             else {"rtol": 1e-2, "atol": 1e-2})
 MATMUL_TEST_SHAPES = [(257, 129, 193), (64, 48, 16), (100, 300, 70)]
@@ -553,8 +583,9 @@ if HAVE_TRITON:
         if not interpreter_cannot_loop(error):
             raise
         skip_or_fail("the interpreted matmul check", "triton",
-                     "this NumPy breaks Triton's interpreter on runtime loop bounds "
-                     "(triton-lang/triton#9171); use numpy<2.4")
+                     f"Triton {triton.__version__}'s interpreter cannot run a loop with a "
+                     f"runtime bound under NumPy {np.__version__} (triton-lang/triton#9171); "
+                     "use numpy<2.4, or Triton 3.9, whose interpreter runs it")
 
 # %%
 # Program order and L2 reuse, counted
