@@ -30,6 +30,9 @@ from torch.utils import benchmark as torch_benchmark
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 torch.manual_seed(0)
+# float32 matmuls in float32 on a GPU too, not TF32: what the sweep times as float32, and
+# what the check below compares with float64
+torch.backends.cuda.matmul.allow_tf32 = False
 
 if DEVICE == "cuda":
     DEMO_N = 8192  # a matmul that keeps the GPU busy for a while
@@ -319,6 +322,9 @@ for label, fn in [(f"matmul {DEMO_N}, {dtype_name(DEMO_DTYPE)}", demo_matmul),
 # best. Before sweeping we check the result once against a float64 reference,
 # on an irregular shape.
 
+# float32: a K-term sum of products of order 1/sqrt(K), about sqrt(K) eps of sum|a||b|,
+# 3e-6 at K = 777 (no TF32, above). bfloat16: the output's rounding, 2**-8 relative, and
+# with cuBLAS's split-K partials reduced in bfloat16 (allowed by default) a few more.
 MATMUL_TOLERANCES = {torch.float32: {"rtol": 1e-4, "atol": 1e-4},
                      torch.bfloat16: {"rtol": 1.6e-2, "atol": 1e-2}}
 check_m, check_k, check_n = (1000, 777, 513) if DEVICE == "cuda" else (300, 257, 129)
