@@ -90,7 +90,7 @@ def test_noop_rebuild_executes_nothing(site):
 
 def links_to(root, page_name):
     """Built pages (both editions) with a link to ``page_name``."""
-    pattern = re.compile(rf'href="[^"]*/{re.escape(page_name)}(?:#[^"]*)?"')
+    pattern = re.compile(rf'href="(?:[^"]*/)?{re.escape(page_name)}(?:#[^"]*)?"')
     return sorted(str(p.relative_to(root)) for p in root.rglob("*.html")
                   if p.name != page_name and pattern.search(p.read_text(encoding="utf-8")))
 
