@@ -124,6 +124,21 @@ def rehearsal(tmp_path_factory, rehearsal_wheels):
     return checkout, outs, imported, built
 
 
+def test_gpu_build_says_which_python_its_wheels_are_for(tmp_path):
+    """Wheels for another Python would stop pip at 'No matching distribution': it says so first."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "requirements.txt").write_text("sphinx\n")
+    (wheels / "python-version").write_text("3.99\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COURSE_", "TRITON_"))}
+    done = subprocess.run([str(REPO / "tools" / "gpu_build.sh"), str(tmp_path / "out")],
+                          env={**env, "PYTHON": sys.executable, "WHEELS": str(wheels)},
+                          capture_output=True, text=True, check=False)
+    assert done.returncode != 0
+    assert "are for Python 3.99" in done.stdout, done.stdout[-2000:]
+    assert f"make gpu-wheels GPU_PYTHON_VERSION={THIS_PYTHON}" in done.stdout
+
+
 def test_wheels_for_the_gpu_machine_fit_in_40_mib():
     folder = REPO / ".cache" / "gpu-wheels"
     log = make_wheels(GPU_WHEELS=folder)

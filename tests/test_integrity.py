@@ -398,6 +398,16 @@ def test_serve_serves_both_editions_and_the_switcher_works(served):
     assert status == 200 and '<html lang="zh-CN"' in chinese
 
 
+def test_serve_s_first_build_writes_only_what_changed(served):
+    """A new serve tree starts from make html's: neither edition writes its pages again (the
+    Chinese one did, while jieba's dictionary sat in each build's own doctree folder)."""
+    assert served.ready.is_set(), served.log()
+    first = "".join(served.lines[:next(i for i, line in enumerate(served.lines) if line.startswith("Serving"))])
+    for edition in EDITIONS:
+        written = pages_written(first, edition)
+        assert len(written) <= 3, (edition, written)
+
+
 def test_serve_and_html_keep_their_own_trees(checkout, served):
     assert served.ready.is_set(), served.log()
     # Stopped first: its watcher must not rebuild into the shared source tree while
@@ -448,6 +458,11 @@ def after_named_builds(checkout, served):
 def test_run_executes_what_it_names_even_when_current(after_named_builds):
     assert after_named_builds.named.examples_executed_per_edition == {"en": 1, "zh_CN": 0}
     assert "Executing 1 of" in after_named_builds.named.log
+
+
+def test_a_build_says_its_configuration_changed_only_when_it_did(after_named_builds):
+    for build in (after_named_builds.named, after_named_builds.strict):
+        assert "The configuration has changed" not in build.log
 
 
 def test_a_partial_build_writes_only_the_pages_it_changed(after_named_builds):

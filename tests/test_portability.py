@@ -11,7 +11,7 @@ cells, one process per example, and logs the margin use of every ``assert_close`
 | site build | tests/conftest.py | none beyond SSE4 (``ATEN_CPU_CAPABILITY=default``, MKL's and oneDNN's likewise) | 2 | pins | ``make html`` |
 | GPU check | tests/test_examples_standalone.py | AVX2 (PyTorch's, MKL's and oneDNN's) | 1 | pins | tools/gpu_check.py, a busy loop on every core |
 | reader | here | the machine's own (AVX-512 where it has it) | all | pins | the downloaded ``.py`` in an empty folder, no variables |
-| newest | here | the machine's own | all | the newest triton and numpy on PyPI | as a reader |
+| newest | here | the machine's own | all | the newest triton and numpy on PyPI | the downloads, as a reader |
 | no Triton, no C++ | tests/test_strict_builds.py | the machine's own | all | pins | ``import triton`` fails; ``CXX=/bin/false``; no compiler on PATH |
 
 Each cell fails a test when an example fails, or when one of its checks uses more
@@ -89,19 +89,25 @@ def downloads(site_root):
 
 @pytest.fixture(scope="session")
 def reader_cell(site, tmp_path_factory):
-    checkout, _ = site
     folder = tmp_path_factory.mktemp("reader")
-    scripts = []
-    for download in downloads(checkout):
-        empty = folder / download.stem
-        empty.mkdir()
-        scripts.append(empty / download.name)
-        scripts[-1].write_bytes(download.read_bytes())
+    scripts = downloaded_into_empty_folders(site, folder)
     return run_cell("reader", scripts, folder, reader_env(folder / "inductor"))
 
 
+def downloaded_into_empty_folders(site, folder):
+    """Each download copied into a folder of its own, as a reader saves it."""
+    checkout, _ = site
+    scripts = []
+    for download in downloads(checkout):
+        empty = folder / download.stem
+        empty.mkdir(parents=True)
+        scripts.append(empty / download.name)
+        scripts[-1].write_bytes(download.read_bytes())
+    return scripts
+
+
 @pytest.fixture(scope="session")
-def newest_cell(tmp_path_factory):
+def newest_cell(site, tmp_path_factory):
     """The newest triton and numpy from PyPI, put in front of the pinned ones."""
     overlay = tmp_path_factory.mktemp("newest")
     installed = subprocess.run(
@@ -113,7 +119,8 @@ def newest_cell(tmp_path_factory):
                     f" {installed.stderr.strip().splitlines()[-1:]}")
     versions = sorted(p.name.removesuffix(".dist-info") for p in (overlay / "site").glob("*.dist-info"))
     print("newest releases:", ", ".join(versions))
-    return versions, run_cell("newest", EXAMPLES, overlay,
+    scripts = downloaded_into_empty_folders(site, overlay / "downloads")
+    return versions, run_cell("newest", scripts, overlay,
                               reader_env(overlay / "inductor", PYTHONPATH=str(overlay / "site")))
 
 
