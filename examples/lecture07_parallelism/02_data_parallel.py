@@ -437,7 +437,7 @@ def recording_allreduce_hook(calls, local, names):
         calls.append((bucket.index(), bucket.buffer().numel(),
                       [names[p.data_ptr()] for p in bucket.parameters()]))
         local.update({names[p.data_ptr()]: g.clone() for p, g in zip(bucket.parameters(), bucket.gradients())})
-        return default_hooks.allreduce_hook(None, bucket)  # DDP's default: sum, divide by world size
+        return default_hooks.allreduce_hook(None, bucket)  # DDP's default: divide by the world size, then sum
     return hook
 
 
@@ -619,7 +619,10 @@ if CAN_RUN_RANKS:
 # first figure shows the weights of the two ways agreeing to within rounding
 # at every step, in both precisions, while the copy that skips the all-reduce
 # drifts away from the first step on. That is the test to keep for any data
-# parallel code: train a few steps against one process on the whole batch.
+# parallel code: train a few steps against one process on the whole batch,
+# at a bound on the rounding. With Adam, compare the gradients, then Adam's
+# steps on equal gradients, as example 03 does: where a gradient is near zero,
+# Adam magnifies its rounding by up to lr / eps.
 #
 # DDP adds two things that change the time, not the result. Buckets turn one
 # all-reduce per tensor into a few larger ones, each paying the fixed cost
