@@ -592,8 +592,10 @@ def static_value(node, env):
         return env[node.id]
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
         return static_value(node.left, env) + static_value(node.right, env)
-    if isinstance(node, (ast.List, ast.Tuple)):
+    if isinstance(node, ast.List):
         return [static_value(e, env) for e in node.elts]
+    if isinstance(node, ast.Tuple):  # hashable, for a dict keyed by tuples
+        return tuple(static_value(e, env) for e in node.elts)
     if isinstance(node, ast.Dict):
         value = {}
         for key, item in zip(node.keys, node.values):
@@ -610,7 +612,7 @@ def constants(statements, env):
     env = dict(env)
     for node in statements:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            with contextlib.suppress(ValueError, KeyError):
+            with contextlib.suppress(ValueError, KeyError, TypeError):
                 env[node.targets[0].id] = static_value(node.value, env)
     return env
 
@@ -643,7 +645,7 @@ def load_inline_calls(path):
                 for keyword in node.keywords:
                     value = static_value(keyword.value, env)
                     call.update(value if keyword.arg is None else {keyword.arg: value})
-            except (ValueError, KeyError) as error:
+            except (ValueError, KeyError, TypeError) as error:
                 call["unreadable"] = f"its arguments are not constants ({error})"
             if call.get("cuda_sources") or "unreadable" in call:
                 found.append(call)
