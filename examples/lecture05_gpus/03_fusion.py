@@ -403,8 +403,9 @@ def gradient(fn, x, grad_output):
 x_grad = torch.randn(GRAD_ELEMENTS, device=DEVICE, requires_grad=True)
 grad_output = torch.randn_like(x_grad)
 reference_grad = gradient(gelu_tanh, x_grad.double(), grad_output.double()).float()
-# float32: 1 - tanh^2 cancels, losing a few u of tanh times 0.5 |x| d_inner (< 10 for |x| < 6):
-# ~3e-6 |grad_output| on CPU and GPU, a tenth of rtol 1e-4 where the gradient is not tiny
+# float32: 1 - tanh^2 cancels, losing a few u of tanh times 0.5 |x| d_inner (<= 9 for |x| <= 5; beyond,
+# tanh rounds to +-1 and the term is negligible): ~3e-6 |grad_output| on CPU and GPU; 0.1 of the
+# tolerance on the GPU's 2^26 elements too (simulated on a CPU)
 torch.testing.assert_close(gradient(GeluRecompute.apply, x_grad, grad_output), reference_grad,
                            rtol=1e-4, atol=1e-5)
 torch.testing.assert_close(gradient(gelu_tanh, x_grad, grad_output), reference_grad,
