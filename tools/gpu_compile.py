@@ -21,6 +21,12 @@ wheel. For every example this check
 and writes registers, spills, shared memory and theoretical occupancy to
 ``report.md`` and ``report.json``. It exits with 1 if anything failed.
 
+The workers first plan each example on each target (its launches, specialised, in
+seconds); then each distinct compile, by Triton's own cache key, is one job, and the
+longest (nvcc, then ``tl.dot`` on big tiles for sm_75) start first, so that no worker
+is left alone with a queue at the end. A line of progress is printed as each example
+finishes on a target, and at least every 30 seconds.
+
     python tools/gpu_compile.py --out _build/gpu-compile
 """
 
@@ -41,7 +47,7 @@ import tempfile
 import time
 import traceback
 import types
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -402,25 +408,83 @@ def describe(signature, constexprs, attrs, options, kernel):
     return " ".join(parts)
 
 
-def cached_figures(source, backend, options):
-    """Where the figures of a compile that succeeded are kept, if --cache names a folder.
-
-    The key is Triton's own cache key (Triton and its ptxas, the kernel's source and
-    dependencies, the specialisation and options) and this file's text: a compile that
-    succeeded once succeeds again. Failures are never kept."""
+def triton_key(source, backend, options):
+    """Triton's own cache key: Triton and its ptxas, the kernel's source and the constexpr
+    globals it reads, the specialisation and the options. Two launches with the same key
+    get the same binary from Triton, so they are compiled once."""
     from triton.runtime.cache import get_cache_key
     from triton.runtime.jit import get_cache_invalidating_env_vars
 
+    return get_cache_key(source, backend, options, get_cache_invalidating_env_vars())
+
+
+def cached_figures(key):
+    """Where the figures of a compile that succeeded are kept, if --cache names a folder.
+
+    The key is Triton's cache key and this file's text: a compile that succeeded once
+    succeeds again. Failures are never kept."""
     folder = os.environ.get("GPU_COMPILE_RESULTS")
     if not folder:
         return None
-    key = get_cache_key(source, backend, options, get_cache_invalidating_env_vars())
     key += Path(__file__).read_text()
     return Path(folder) / (hashlib.sha256(key.encode()).hexdigest() + ".json")
 
 
+def estimated_cost(kernel, constexprs, capability):
+    """A rough order of compile times, to start the longest first: a tl.dot on big tiles
+    costs most (on sm_75, which has no tensor cores for Triton 3.6, most of all)."""
+    size = 1
+    for path, value in constexprs.items():
+        if kernel.params[path[0]].is_constexpr and isinstance(value, int) and value > 1 \
+                and kernel.arg_names[path[0]].upper().startswith(("BLOCK", "HEAD")):
+            size *= value
+    dot = "tl.dot" in kernel.src
+    return (dot, capability == 75, size)
+
+
+PTXAS = {}  # what the last compile's ptxas stage did, in this worker
+
+
+def run_ptxas_once(folder):
+    """Make Triton run ``ptxas`` once per distinct input in this run, across the workers.
+
+    Specialisations that differ (an argument divisible by 16 that the kernel only compares)
+    can lower to the same PTX; ``ptxas`` given the same PTX, target and flags gives the same
+    binary and log, so the second one reads both back. Triton's stages are unchanged: this
+    wraps the method that writes the PTX to a file and runs ``ptxas`` on it."""
+    from triton import knobs
+    from triton.backends.nvidia.compiler import CUDABackend, get_ptxas
+
+    make_cubin = CUDABackend.make_cubin
+    os.makedirs(folder, exist_ok=True)
+
+    def once(self, src, metadata, opt, capability):
+        flags = (capability, get_ptxas(self.target.arch).path, opt.enable_fp_fusion, opt.ptx_options,
+                 knobs.compilation.disable_line_info, knobs.nvidia.disable_ptxas_opt,
+                 knobs.nvidia.dump_ptxas_log)
+        name = hashlib.sha256((repr(flags) + src).encode()).hexdigest()
+        memo, log_memo = Path(folder) / f"{name}.cubin", Path(folder) / f"{name}.log"
+        if memo.exists() and log_memo.exists():
+            print(log_memo.read_text(), end="")
+            PTXAS.update(reused=True, cpu_seconds=0.0)
+            return memo.read_bytes()
+        log = io.StringIO()
+        start = sum(os.times()[2:4])
+        with contextlib.redirect_stdout(log):
+            cubin = make_cubin(self, src, metadata, opt, capability)
+        PTXAS.update(reused=False, cpu_seconds=round(sum(os.times()[2:4]) - start, 3))
+        print(log.getvalue(), end="")
+        for path, data in ((log_memo, log.getvalue().encode()), (memo, cubin)):
+            partial = path.with_suffix(f".{os.getpid()}")
+            partial.write_bytes(data)
+            partial.replace(path)  # the log first, then the binary: a binary means both are whole
+        return cubin
+
+    CUDABackend.make_cubin = once
+
+
 def compile_one(kernel, target, arch, args, kwargs):
-    """Specialise as JITFunction.run does, compile, and read back the resources."""
+    """Specialise as JITFunction.run does; return Triton's key, the report row and a build."""
     import triton
     from triton import knobs
     from triton.compiler import ASTSource
@@ -433,33 +497,43 @@ def compile_one(kernel, target, arch, args, kwargs):
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     bound, specialization, options = binder(*args, **kwargs)
     options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
-    key = repr((signature, sorted(constexprs.items()), sorted(attrs.items()), sorted(options.__dict__.items())))
-    result = {"kernel": kernel.__name__, "target": arch.capability,
+    key = hashlib.sha256(triton_key(ASTSource(kernel, signature, constexprs, attrs), backend,
+                                    options).encode()).hexdigest()
+    result = {"kernel": kernel.__name__, "target": arch.capability, "key": key,
               "specialisation": describe(signature, constexprs, attrs, options, kernel),
               "num_warps": options.num_warps, "num_stages": options.num_stages}
 
     def build():
-        cached = cached_figures(ASTSource(kernel, signature, constexprs, attrs), backend, options)
+        """Compile (or read the results cache) and return the figures."""
+        cached = cached_figures(key)
         if cached is not None and cached.exists():
-            result.update(json.loads(cached.read_text()), cached=True)
-            return
+            return dict(json.loads(cached.read_text()), cached=True)
+        # A fresh Triton cache for each compile: Triton prints ptxas's log only when it runs it.
+        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(dir=os.environ["GPU_COMPILE_CACHES"])
         knobs.nvidia.dump_ptxas_log = True
+        PTXAS.clear()
         log = io.StringIO()
-        start = time.perf_counter()
-        with contextlib.redirect_stdout(log):
-            compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs),
-                                      target=target, options=options.__dict__)
+        start, times = time.perf_counter(), os.times()
+        try:
+            with contextlib.redirect_stdout(log):
+                compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs),
+                                          target=target, options=options.__dict__)
+        finally:
+            shutil.rmtree(os.environ["TRITON_CACHE_DIR"], ignore_errors=True)
         figures = ptxas_figures(log.getvalue())
         figures.update(shared=compiled.metadata.shared,
                        tmem_size=getattr(compiled.metadata, "tmem_size", None),
-                       seconds=round(time.perf_counter() - start, 3))
-        result.update(figures)
+                       ptx=hashlib.sha256(compiled.asm["ptx"].encode()).hexdigest()[:16],
+                       ptxas_reused=PTXAS.get("reused"), ptxas_cpu_seconds=PTXAS.get("cpu_seconds"),
+                       seconds=round(time.perf_counter() - start, 3),
+                       cpu_seconds=round(sum(os.times()[:4]) - sum(times[:4]), 3))  # with ptxas
         if cached is not None:
             partial = cached.with_suffix(f".{os.getpid()}")
             partial.write_text(json.dumps(figures))
             partial.replace(cached)  # whole or not at all, with other runs writing alongside
+        return figures
 
-    return key, result, build
+    return key, result, build, estimated_cost(kernel, constexprs, arch.capability)
 
 
 def resource_problem(result, arch):
@@ -485,29 +559,48 @@ def launch_text(name, tensors, options):
     return f"{name}({', '.join(shapes + [f'{k}={v!r}' for k, v in options.items()])})"
 
 
-def check_example_on_target(relative, path, capability, kernels):
-    """Worker: the launches of these kernels from one example's GPU_LAUNCHES, for one target."""
-    out = {"example": relative, "target": capability, "compiles": [], "failures": [], "launches": 0}
+@dataclass
+class Plan:
+    """One example on one target: its launches, specialised, and what is left to compile."""
+    out: dict  # example, target, failures of the planning, launches, skipped
+    variants: list  # [(key, report row, build, cost)], one per distinct specialisation, in order
+    autotuned: list  # [(call, kernel name, indices into variants)] for each autotuned launch
+
+
+PLANS = {}  # a worker's plans, so that its compiles of the same example and target plan once
+
+
+def planned(relative, path, capability, kernels):
+    """Worker: the plan of these kernels' launches from one example's GPU_LAUNCHES, for one target."""
+    where = (relative, path, capability, tuple(kernels))
+    if where not in PLANS:
+        out = {"example": relative, "target": capability, "compiles": [], "failures": [], "launches": 0}
+        plan = Plan(out, [], [])
+        try:
+            plan_launches(relative, Path(path), capability, set(kernels), plan)
+        except Exception as error:  # noqa: BLE001 (a bug of this check: reported, not hidden)
+            out["failures"].append({"example": relative, "kernel": None, "target": capability,
+                                    "error": "the check itself failed: " + first_lines(error)
+                                             + "\n" + traceback.format_exc()})
+        PLANS[where] = plan
+    return PLANS[where]
+
+
+def plan_example_on_target(relative, path, capability, kernels):
+    """Worker: what the parent needs of a plan to hand its compiles out (no JITFunctions)."""
+    plan = planned(relative, path, capability, kernels)
+    return {"out": plan.out, "variants": [(key, row, cost) for key, row, _, cost in plan.variants],
+            "autotuned": plan.autotuned}
+
+
+def plan_launches(relative, path, capability, kernels, plan):
+    from triton.backends.compiler import GPUTarget
+
+    out = plan.out
 
     def fail(kernel, message):
         out["failures"].append({"example": relative, "kernel": kernel, "target": capability,
                                 "error": message})
-
-    # A fresh Triton cache for each job: every compile runs ptxas and logs its figures, even
-    # for a kernel that another example holds too.
-    os.makedirs(os.environ["GPU_COMPILE_CACHES"], exist_ok=True)
-    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(dir=os.environ["GPU_COMPILE_CACHES"])
-    try:
-        check_launches(relative, Path(path), capability, set(kernels), out, fail)
-    except Exception as error:  # noqa: BLE001 (a bug of this check: reported, not hidden)
-        fail(None, "the check itself failed: " + first_lines(error) + "\n" + traceback.format_exc())
-    return out
-
-
-def check_launches(relative, path, capability, kernels, out, fail):
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler.errors import CompileTimeAssertionFailure
-    from triton.runtime.errors import OutOfResources, PTXASError
 
     arch = ARCHS[capability]
     target = GPUTarget("cuda", capability, 32)
@@ -543,43 +636,76 @@ def check_launches(relative, path, capability, kernels, out, fail):
     launches = [launch for launch in launches if launch.kernel.__name__ in kernels]
     out["launches"] = len(launches)
 
-    compiles = {}  # key -> result, compiled once however many launches share it
+    index = {}  # key -> position in plan.variants: launches that specialise alike compile once
     for launch in launches:
         variants = [launch.kwargs] if launch.configs is None else [
             dict(launch.kwargs, **config.all_kwargs()) for config in launch.configs]
-        keys = []
+        positions = []
         for kwargs in variants:
             try:
-                key, result, build = compile_one(launch.kernel, target, arch,
-                                                 launch_arguments(launch.args), kwargs)
+                key, result, build, cost = compile_one(launch.kernel, target, arch,
+                                                       launch_arguments(launch.args), kwargs)
             except Exception as error:  # noqa: BLE001 (bad arguments, as a launch would fail)
                 fail(launch.kernel.__name__, f"{launch.call}: " + first_lines(error))
                 continue
-            keys.append(key)
-            if key in compiles:
-                compiles[key]["launches"] += 1
-                continue
-            result.update(example=relative, autotuned=launch.configs is not None, launches=1,
-                          first_call=launch.call, status="ok", reason=None)
-            compiles[key] = result
-            try:
-                build()
-                result["occupancy"] = occupancy(arch, result["num_warps"], result["registers"],
-                                                result["shared"])
-                problem = resource_problem(result, arch)
-                if problem is not None:
-                    raise problem
-            except (OutOfResources, CompileTimeAssertionFailure, PTXASError) as error:
-                result["status"] = "pruned" if result["autotuned"] else "failed"
-                result["reason"] = first_lines(error, 400)
-            except Exception as error:  # noqa: BLE001 (a compile error: the GPU run would fail)
-                result["status"] = "failed"
-                result["reason"] = first_lines(error)
-            if result["status"] == "failed":
-                fail(result["kernel"], f"{result['specialisation']}: {result['reason']}")
-        if launch.configs is not None and keys and all(compiles[k]["status"] == "pruned" for k in keys):
-            fail(launch.kernel.__name__, f"{launch.call}: no autotune configuration fits {arch.name}")
-    out["compiles"] = list(compiles.values())
+            if key in index:
+                plan.variants[index[key]][1]["launches"] += 1
+            else:
+                result.update(example=relative, autotuned=launch.configs is not None, launches=1,
+                              first_call=launch.call)
+                index[key] = len(plan.variants)
+                plan.variants.append((key, result, build, cost))
+            positions.append(index[key])
+        if launch.configs is not None and positions:
+            plan.autotuned.append((launch.call, launch.kernel.__name__, positions))
+
+
+def compile_planned(relative, path, capability, kernels, position, key):
+    """Worker: compile one specialisation of a plan; its figures, or why it would not load."""
+    from triton.compiler.errors import CompileTimeAssertionFailure
+    from triton.runtime.errors import OutOfResources, PTXASError
+
+    plan = planned(relative, path, capability, kernels)
+    planned_key, row, build, _ = plan.variants[position]
+    if planned_key != key:
+        raise RuntimeError(f"{relative} on sm_{capability}: specialisation {position} planned twice "
+                           "differently (the GPU view is not deterministic)")
+    arch = ARCHS[capability]
+    figures = {}
+    try:
+        figures = build()
+        figures["occupancy"] = occupancy(arch, row["num_warps"], figures["registers"], figures["shared"])
+        problem = resource_problem({**row, **figures}, arch)
+        if problem is not None:
+            raise problem
+    except (OutOfResources, CompileTimeAssertionFailure, PTXASError) as error:
+        return {**figures, "problem": "would not load", "reason": first_lines(error, 400)}
+    except Exception as error:  # noqa: BLE001 (a compile error: the GPU run would fail)
+        return {**figures, "problem": "error", "reason": first_lines(error)}
+    return {**figures, "problem": None, "reason": None}
+
+
+def finish_plan(plan, outcomes):
+    """The report rows and failures of one example on one target, from the compiles' outcomes."""
+    out = plan["out"]
+    for key, row, _ in plan["variants"]:
+        outcome = dict(outcomes[(row["target"], key)])
+        problem = outcome.pop("problem")
+        row = {**row, **outcome}
+        if problem is None:
+            row["status"] = "ok"
+        else:  # the autotuner skips a configuration that would not load; a plain launch fails
+            row["status"] = "pruned" if problem == "would not load" and row["autotuned"] else "failed"
+        if row["status"] == "failed":
+            out["failures"].append({"example": row["example"], "kernel": row["kernel"],
+                                    "target": row["target"],
+                                    "error": f"{row['specialisation']}: {row['reason']}"})
+        out["compiles"].append(row)
+    for call, kernel, positions in plan["autotuned"]:
+        if all(out["compiles"][p]["status"] == "pruned" for p in positions):
+            out["failures"].append({"example": out["example"], "kernel": kernel, "target": out["target"],
+                                    "error": f"{call}: no autotune configuration fits {ARCHS[out['target']].name}"})
+    return out
 
 
 # %% CUDA sources passed to load_inline
@@ -641,7 +767,8 @@ def load_inline_calls(path):
             seen.add(id(node))
             call = {"line": node.lineno}
             try:
-                call.update(zip(load_inline_parameters(), (static_value(a, env) for a in node.args)))
+                if node.args:  # (imports torch)
+                    call.update(zip(load_inline_parameters(), (static_value(a, env) for a in node.args)))
                 for keyword in node.keywords:
                     value = static_value(keyword.value, env)
                     call.update(value if keyword.arg is None else {keyword.arg: value})
@@ -709,16 +836,42 @@ def compile_cuda_source(relative, call, folder):
     source.write_text("\n".join(sources))
     command = nvcc_command(nvcc, call.get("name", "extension"), call.get("extra_cuda_cflags", []),
                            source, work / "cuda.o")
-    start = time.perf_counter()
+    cached = cached_nvcc_figures(command, work, source.read_text())
+    if cached is not None and cached.exists():
+        return {**result, **json.loads(cached.read_text()), "cached": True}
+    start, times = time.perf_counter(), os.times()
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     result["seconds"] = round(time.perf_counter() - start, 1)
+    result["cpu_seconds"] = round(sum(os.times()[2:4]) - sum(times[2:4]), 1)
     if done.returncode != 0:
         return {**result, "status": "failed", "reason": (done.stderr or done.stdout)[-3000:]}
     kernels = nvcc_kernels(done.stdout + done.stderr)
     compiled = sorted({k["arch"] for k in kernels})
     if compiled != sorted(result["archs"]):
         return {**result, "status": "failed", "reason": f"ptxas compiled for {compiled} only"}
-    return {**result, "status": "ok", "kernels": kernels}
+    figures = {"status": "ok", "kernels": kernels, "seconds": result["seconds"],
+               "cpu_seconds": result["cpu_seconds"]}
+    if cached is not None:
+        partial = cached.with_suffix(f".{os.getpid()}")
+        partial.write_text(json.dumps(figures))
+        partial.replace(cached)
+    return {**result, **figures}
+
+
+def cached_nvcc_figures(command, work, text):
+    """Where nvcc's figures for this source are kept, if --cache names a folder: keyed by the
+    command (without this run's folder), the source, nvcc's and the host compiler's versions,
+    torch's (its headers) and this file's text. Failures are never kept."""
+    import torch
+
+    folder = os.environ.get("GPU_COMPILE_RESULTS")
+    if not folder:
+        return None
+    versions = [subprocess.run([tool, "--version"], capture_output=True, text=True, check=False).stdout
+                for tool in (command[0], shutil.which("g++") or "g++") if shutil.which(tool)]
+    key = json.dumps([[part.replace(str(work), "") for part in command], text, versions,
+                      torch.__version__, Path(__file__).read_text()])
+    return Path(folder) / ("nvcc-" + hashlib.sha256(key.encode()).hexdigest() + ".json")
 
 
 # %% Running it all, and the report
@@ -731,8 +884,11 @@ def worker_setup(cache, results):
         del os.environ[name]  # the examples' GPU branch as a reader runs it, not a strict build
     os.environ.pop("TRITON_INTERPRET", None)
     os.environ["GPU_COMPILE_CACHES"] = cache
+    os.makedirs(cache, exist_ok=True)
     import torch  # noqa: F401 (imported once per worker)
     import triton  # noqa: F401
+
+    run_ptxas_once(os.path.join(cache, "ptxas"))
 
 
 def examples_matching(folder, pattern):
@@ -747,7 +903,36 @@ def source_key(call):
         "name", "cuda_sources", "extra_cuda_cflags", "no_implicit_headers", "unreadable")})
 
 
-def run_checks(examples, targets, jobs, use_nvcc, kernel_pattern=".", results_cache=None):
+class Progress:
+    """Lines while the check runs: one as each example finishes on a target, each CUDA source,
+    and a line at least every ``every`` seconds otherwise, with counts and the time so far."""
+
+    def __init__(self, say, every=30.0):
+        self.say, self.every = say, every
+        self.start = self.last = time.perf_counter()
+        self.compiles = self.done = self.cached = self.failed = 0
+        self.cuda = self.cuda_done = 0
+
+    def line(self, text):
+        now = time.perf_counter()
+        self.last = now
+        elapsed = now - self.start
+        counts = [f"{self.done}/{self.compiles} compiles"] if self.compiles else []
+        if self.cached:
+            counts[-1] += f" ({self.cached} from the results cache)"
+        if self.cuda:
+            counts.append(f"nvcc {self.cuda_done}/{self.cuda}")
+        counts = " " + ", ".join(counts) if counts else ""
+        self.say(f"[{int(elapsed // 60):2d}:{int(elapsed % 60):02d}]{counts}: {text}")
+
+    def quiet(self):
+        if time.perf_counter() - self.last >= self.every:
+            self.line(f"running, {self.failed} failed or pruned so far")
+
+
+def run_checks(examples, targets, jobs, use_nvcc, kernel_pattern=".", results_cache=None,
+               say=lambda text: print(text, flush=True)):
+    progress = Progress(say)
     with tempfile.TemporaryDirectory(prefix="gpu-compile-") as folder:
         # One snapshot of every example: the scan, the GPU view and Triton's reading of the
         # kernels' source must all see the same text, even if a file is edited meanwhile.
@@ -756,26 +941,88 @@ def run_checks(examples, targets, jobs, use_nvcc, kernel_pattern=".", results_ca
             snapshot[rel].parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, snapshot[rel])
         scans = {rel: scan_example(path) for rel, path in snapshot.items()}
-        cuda_calls = [(rel, call) for rel, path in snapshot.items() for call in load_inline_calls(path)]
         cache = os.path.join(folder, "triton-cache")
         saved = os.environ.pop("TRITON_INTERPRET", None)  # the workers inherit the environment
         try:
             with ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=worker_setup,
                                      initargs=(cache, str(results_cache or ""))) as pool:
-                distinct = {}  # the same source and flags are compiled once
+                # First each example's launches on each target, specialised (seconds); then one
+                # job per distinct compile, longest first, so that no worker is left with a queue.
+                units = [(rel, str(snapshot[rel]), cc, tuple(k["name"] for k in kernels
+                          if not k["called_by"] and re.search(kernel_pattern, k["name"])))
+                         for rel, kernels in scans.items() for cc in targets]
+                units = [unit for unit in units if unit[3]]
+                progress.line(f"planning {len(units)} examples × targets with {jobs} workers "
+                              "(each imports torch and triton first)")
+                plan_jobs = [pool.submit(plan_example_on_target, *unit) for unit in units]
+                cuda_jobs = {rel: pool.submit(load_inline_calls, path) for rel, path in snapshot.items()}
+                plans = [job.result() for job in plan_jobs]
+                cuda_calls = [(rel, call) for rel, job in cuda_jobs.items() for call in job.result()]
+                work = {}  # (target, Triton's key) -> (cost, unit, position): each compiled once
+                for unit, plan in zip(units, plans):
+                    for position, (key, _, cost) in enumerate(plan["variants"]):
+                        work.setdefault((unit[2], key), (cost, unit, position))
+                distinct = {}  # the same CUDA source and flags are compiled once
                 for rel, call in cuda_calls if use_nvcc else []:
-                    if source_key(call) not in distinct:
-                        distinct[source_key(call)] = pool.submit(compile_cuda_source, rel, call, folder)
-                units = [(rel, cc, kernel) for rel, kernels in scans.items() for cc in targets
-                         for kernel in kernels
-                         if not kernel["called_by"] and re.search(kernel_pattern, kernel["name"])]
-                # Autotuned kernels and Turing (whose long kernels spill) cost most: start them first.
-                units.sort(key=lambda u: (not u[2]["autotuned"], u[1] != 75))
-                triton_jobs = [pool.submit(check_example_on_target, rel, str(snapshot[rel]), cc,
-                                           [kernel["name"]]) for rel, cc, kernel in units]
-                per_target = [job.result() for job in triton_jobs]
-                cuda = [{**distinct[source_key(call)].result(), "example": rel, "line": call["line"]}
-                        for rel, call in cuda_calls if use_nvcc]
+                    distinct.setdefault(source_key(call), (rel, call))
+                progress.compiles, progress.cuda = len(work), len(distinct)
+                rows = sum(len(plan["variants"]) for plan in plans)
+                progress.line(f"{len(units)} examples × targets planned: {rows} specialisations, "
+                              f"{rows - len(work)} of them shared with another example, so "
+                              f"{len(work)} compiles; {len(distinct)} CUDA sources for nvcc; {jobs} jobs")
+                # nvcc on a source with torch's headers takes longest of all: it goes first.
+                futures = {pool.submit(compile_cuda_source, rel, call, folder): ("nvcc", key)
+                           for key, (rel, call) in distinct.items()}
+                for job, (cost, unit, position) in sorted(work.items(), key=lambda item: item[1][0],
+                                                          reverse=True):
+                    futures[pool.submit(compile_planned, *unit, position, job[1])] = ("triton", job)
+                outcomes, nvcc_done = {}, {}
+                waiting = [len(plan["variants"]) for plan in plans]  # compiles each plan awaits
+                users = {}  # (target, key) -> the plans that need it
+                for i, (unit, plan) in enumerate(zip(units, plans)):
+                    for key, _, _ in plan["variants"]:
+                        users.setdefault((unit[2], key), []).append(i)
+                per_target = [None] * len(plans)
+                for i, plan in enumerate(plans):
+                    if not plan["variants"]:
+                        per_target[i] = finish_plan(plan, outcomes)
+                pending = set(futures)
+                while pending:
+                    finished, pending = wait(pending, timeout=5, return_when=FIRST_COMPLETED)
+                    for future in finished:
+                        kind, job = futures[future]
+                        if kind == "nvcc":
+                            nvcc_done[job] = future.result()
+                            progress.cuda_done += 1
+                            source = nvcc_done[job]
+                            when = "from the results cache" if source.get("cached") else \
+                                f"{source.get('seconds', '-')} s"
+                            progress.line(f"nvcc {source['example']} line {source['line']}: "
+                                          f"{source['status']} ({when})")
+                            continue
+                        try:
+                            outcomes[job] = future.result()
+                        except Exception as error:  # noqa: BLE001 (a bug of the check, or a worker that died)
+                            outcomes[job] = {"problem": "error",
+                                             "reason": "the check itself failed: " + first_lines(error)}
+                        progress.done += 1
+                        progress.cached += bool(outcomes[job].get("cached"))
+                        progress.failed += outcomes[job]["problem"] is not None
+                        for i in users[job]:
+                            waiting[i] -= 1
+                            if waiting[i] == 0:
+                                out = per_target[i] = finish_plan(plans[i], outcomes)
+                                statuses = [c["status"] for c in out["compiles"]]
+                                progress.line(f"sm_{out['target']} {out['example']}: {len(statuses)} "
+                                              f"specialisations, {statuses.count('pruned')} pruned, "
+                                              f"{statuses.count('failed')} failed")
+                    progress.quiet()
+                cuda, first = [], {}
+                for rel, call in cuda_calls if use_nvcc else []:
+                    cuda.append({**nvcc_done[source_key(call)], "example": rel, "line": call["line"]})
+                    if source_key(call) in first:  # compiled once, for the first call
+                        cuda[-1]["same_source_as"] = first[source_key(call)]
+                    first.setdefault(source_key(call), f"{rel} line {call['line']}")
         finally:
             if saved is not None:
                 os.environ["TRITON_INTERPRET"] = saved
@@ -783,6 +1030,26 @@ def run_checks(examples, targets, jobs, use_nvcc, kernel_pattern=".", results_ca
         cuda = [{"example": rel, "line": call["line"], "name": call.get("name"), "status": "skipped",
                  "reason": "--no-nvcc"} for rel, call in cuda_calls]
     return scans, per_target, cuda
+
+
+def timing(compiles, cuda, seconds):
+    """Where the time went: the CPU seconds of each distinct compile, in the workers and ptxas."""
+    built = {(c["target"], c["key"]): c for c in compiles if "cpu_seconds" in c and not c.get("cached")}
+    ran = [s for s in cuda if "cpu_seconds" in s and not s.get("cached") and "same_source_as" not in s]
+    figures = {
+        "seconds": seconds,
+        "triton_cpu_seconds": round(sum(c["cpu_seconds"] for c in built.values()), 1),
+        "ptxas_cpu_seconds": round(sum(c.get("ptxas_cpu_seconds") or 0 for c in built.values()), 1),
+        "ptxas_reused": sum(bool(c.get("ptxas_reused")) for c in built.values()),
+        "nvcc_cpu_seconds": round(sum(s["cpu_seconds"] for s in ran), 1),
+        "from_results_cache": sum(bool(c.get("cached")) for c in compiles)
+                              + sum(bool(s.get("cached")) for s in cuda if "same_source_as" not in s),
+    }
+    figures["text"] = (f"{seconds} s; CPU seconds in compiles: Triton {figures['triton_cpu_seconds']} "
+                       f"(ptxas {figures['ptxas_cpu_seconds']}, reused for {figures['ptxas_reused']} "
+                       f"identical PTX), nvcc {figures['nvcc_cpu_seconds']}; "
+                       f"{figures['from_results_cache']} from the results cache")
+    return figures
 
 
 def coverage_failures(scans, per_target, targets):
@@ -937,8 +1204,9 @@ def main(argv=None):
     summary = (f"compiled {shape} = {len(compiles)}, {pruned} pruned, {failed} failed; "
                f"nvcc: {len(nvcc_done)} of {len(cuda)} CUDA sources × {len(NVCC_ARCHS)} archs; "
                f"{len(failures)} failures in all")
+    seconds = round(time.perf_counter() - start, 1)
     report = {
-        "summary": summary, "seconds": round(time.perf_counter() - start, 1),
+        "summary": summary, "seconds": seconds, "timing": timing(compiles, cuda, seconds),
         "targets": {cc: asdict(ARCHS[cc]) | {"reserved_shared": ARCHS[cc].reserved_shared} for cc in targets},
         "limit_sources": LIMIT_SOURCES,
         "kernels": scans,
@@ -956,7 +1224,8 @@ def main(argv=None):
         if s["status"] == "skipped":
             print(f"Skipped nvcc for {s['example']} line {s['line']}: {s['reason']}.")
     print(summary)
-    print(f"report: {args.out / 'report.md'} ({report['seconds']} s)")
+    print(f"time: {report['timing']['text']}")
+    print(f"report: {args.out / 'report.md'}")
     return 1 if failures else 0
 
 
