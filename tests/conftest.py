@@ -29,6 +29,12 @@ SITE_ENV = {
     "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(prefix="course-inductor-site-"),
 }
 
+# Every process the suite starts gets an Inductor cache new in this session, unless its
+# cell names one of its own: the cache's key ignores the CPU's instruction set, so code
+# that another run compiled with other instructions (ATEN_CPU_CAPABILITY) must not be
+# found there, and a new machine starts with no cache either.
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="course-inductor-suite-")
+
 # cell -> margin rows, and cell -> seconds its example runs took, for the summary.
 MARGINS = defaultdict(list)
 CELL_SECONDS = defaultdict(float)
