@@ -16,7 +16,10 @@ diagnose a compiled model yourself.
 C++ (it needs a C++ compiler) and Triton runs in interpreter mode: the page checks
 the custom operator, FlexAttention and the troubleshooting tools, and measures
 compile times; it explains, without running them, the Triton kernel under
-``torch.compile`` and the timings of CUDA graphs, which need a GPU. On a T4
+``torch.compile`` and the timings of CUDA graphs, which need a GPU. Inductor compiles
+FlexAttention for a CPU only where the CPU has AVX2, ``ATEN_CPU_CAPABILITY`` is not
+``default`` and the system is not macOS; elsewhere the page skips that check and says
+why. On a T4
 (compute capability 7.5, as on free Colab notebooks) FlexAttention's compiled
 kernel does not run (pytorch/pytorch#164813), so the page checks it on the CPU
 instead and times nothing for it; the rest runs as on any CUDA GPU.
@@ -489,13 +492,16 @@ def flex_device():
 
 
 def cpu_flex_attention_problem():
-    """Why Inductor cannot compile FlexAttention on this CPU, or None: its C++ template
-    needs AVX2 or AVX-512 kernels in ATen, and no macOS."""
+    """Why Inductor will not compile FlexAttention on this CPU, or None: the same test as
+    Inductor's own (check_cpu_supported in torch/_inductor/kernel/flex/flex_cpu.py)."""
     if sys.platform == "darwin":
         return "Inductor's CPU FlexAttention does not support macOS"
-    capability = torch.backends.cpu.get_cpu_capability()
-    if capability not in ("AVX2", "AVX512"):
-        return f"Inductor's CPU FlexAttention needs AVX2 or AVX-512, and ATen runs {capability}"
+    if torch.xpu.is_available():
+        return "Inductor's CPU FlexAttention is off where an Intel GPU (XPU) is present"
+    if not torch.cpu._is_avx2_supported():
+        return "Inductor's CPU FlexAttention needs a CPU with AVX2, and this one has none"
+    if os.environ.get("ATEN_CPU_CAPABILITY") == "default":
+        return "Inductor's CPU FlexAttention is off under ATEN_CPU_CAPABILITY=default"
     return None
 
 
