@@ -587,7 +587,7 @@ for ilp in (1, 4):
 
 CUDA_SOURCE = r"""
 #include <cuda_runtime.h>
-#include <torch/extension.h>
+#include <torch/types.h>
 
 template <int ILP>
 __global__ void copy_kernel(const float4* __restrict__ src, float4* __restrict__ dst, long n) {
