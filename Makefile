@@ -15,7 +15,7 @@ export COURSE_EXAMPLES := $(EXAMPLES)
 endif
 ifdef RUN
 export COURSE_EXAMPLES := $(RUN)
-export COURSE_RUN_AGAIN := 1
+export COURSE_RUN_AGAIN := $(shell date +%s)
 endif
 
 EDITIONS    := en zh_CN

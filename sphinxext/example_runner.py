@@ -274,13 +274,19 @@ def apply_the_selection(app):
 
 
 def execute_what_the_selection_names(app):
-    """``make html RUN=...`` (COURSE_RUN_AGAIN) executes what it names, even when its outputs are current."""
-    if not (os.environ.get("COURSE_EXAMPLES") and os.environ.get("COURSE_RUN_AGAIN")):
-        return
-    if not app.config.sphinx_gallery_conf["plot_gallery"]:
+    """``make html RUN=...`` executes what it names, even when its outputs are current.
+
+    COURSE_RUN_AGAIN holds the time ``make`` started (seconds since the epoch): outputs
+    recorded before it execute again, and those that the English edition's build has
+    just recorded serve the Chinese edition, as in any build.
+    """
+    started = os.environ.get("COURSE_RUN_AGAIN")
+    if not (os.environ.get("COURSE_EXAMPLES") and started) or not app.config.sphinx_gallery_conf["plot_gallery"]:
         return
     for gallery_dir, example in _selection_in_galleries(app):
-        (gallery_dir / f"{example.name}.md5").unlink(missing_ok=True)
+        record = record_path(gallery_dir, example.stem)
+        if not record.is_file() or record.stat().st_mtime < float(started):
+            (gallery_dir / f"{example.name}.md5").unlink(missing_ok=True)
 
 
 def _selection_in_galleries(app):

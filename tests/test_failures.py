@@ -67,16 +67,16 @@ def test_raising_example_fails_the_build_and_names_it(checkout):
     assert "make html EXAMPLES=98_broken" in summary
     assert summary.rstrip().endswith("The full log is above.")
 
-    # Mended, it executes again, and the build reads only the pages that changed: the
-    # failed build kept what it had read (Sphinx drops its pickled environment on an error).
+    # Mended, it executes again, and the build starts from what the failed one read
+    # (Sphinx drops its pickled environment on an error; the runner puts it back), so it
+    # reads only the pages whose sources changed, not every page as a new one.
     add_example(checkout, "98_broken.py", BROKEN.replace("return 1 / 0", "return 1 / 1"))
     mended = make(checkout, "html", EXAMPLES="98_broken", EDITIONS="en")
     assert mended.returncode == 0, mended.log[-3000:]
     assert mended.examples_executed == 1
     update = re.search(r"^updating environment: (.*)$", mended.log, flags=re.MULTILINE)
     assert update and "[new config]" not in update[1], update
-    added, changed = map(int, re.search(r"(\d+) added, (\d+) changed", update[1]).groups())
-    assert added == 0 and changed <= 3, update[1]
+    assert re.match(r"0 added, \d+ changed, 0 removed", update[1]), update[1]
 
 
 def test_hung_example_is_stopped_with_a_clear_message(checkout):

@@ -471,7 +471,8 @@ def test_a_partial_build_writes_only_the_pages_it_changed(after_named_builds):
         for edition in EDITIONS:
             written = pages_written(build.log, edition)
             assert f"auto_examples/{LECTURE}/{EDITED.stem}" in written, (edition, written)
-            assert len(written) <= 3, (edition, written)
+            # The example's page, and the pages that show its thumbnail or running time.
+            assert len(written) <= 5, (edition, written)
 
 
 def test_a_strict_build_executes_again_what_a_lenient_one_ran(after_named_builds):
