@@ -129,7 +129,9 @@ def run(path, changes, tools, scratch):
         else:
             env[name] = value.format(**tools)
     scratch.mkdir(parents=True)
-    done = subprocess.run([sys.executable, str(RUNNER), str(path), "--log", str(scratch / "margins.jsonl")],
+    copy = scratch / path.name  # run_as_reader works in the script's folder: a copy's, not the repository's
+    copy.write_bytes(path.read_bytes())
+    done = subprocess.run([sys.executable, str(RUNNER), str(copy), "--log", str(scratch / "margins.jsonl")],
                           cwd=scratch, env=env, capture_output=True, text=True, timeout=400, check=False)
     done.margins = check_margins.table(check_margins.read(scratch / "margins.jsonl"))
     return done
