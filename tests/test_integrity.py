@@ -440,7 +440,7 @@ def test_ctrl_c_stops_serve(served):
 def pages_written(log, edition):
     """The pages an edition's build wrote, from Sphinx's "writing output... [ n%] page" lines."""
     # Where CI=true, Sphinx colours its log and ends each progress line with a carriage return.
-    plain = re.sub(r"\x1b\[[0-9;]*m", "", log).replace("\r", "\n")
+    plain = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", log).replace("\r", "\n")
     parts = re.split(r"^== (\S+) edition$", plain, flags=re.MULTILINE)
     text = dict(zip(parts[1::2], parts[2::2])).get(edition, "")
     return re.findall(r"^writing output\.\.\. \[\s*\d+%\] (\S+)", text, flags=re.MULTILINE)
