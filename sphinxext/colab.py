@@ -64,11 +64,11 @@ def _raw_html(markup):
 
 def insert_colab_links(app, docname, source):
     parts = docname.split("/")
-    if len(parts) != 3 or parts[0] != GALLERY_ROOT or app.builder.name == "gettext":
-        return  # the catalogs hold the examples' own text, not what a build adds
-    repo, branch = app.config.course_repo_url, app.config.course_notebook_branch
-    if not repo:
+    if len(parts) != 3 or parts[0] != GALLERY_ROOT:
         return
+    repo, branch = app.config.course_repo_url, app.config.course_notebook_branch
+    if not repo or app.builder.name == "gettext":
+        return  # the catalogs hold the examples' own text, not what a build adds
     text = LINK_TEXT.get(app.config.language, LINK_TEXT["en"])
     lecture = parts[1]
     if parts[2] == "index":
