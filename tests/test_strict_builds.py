@@ -51,7 +51,7 @@ def writes_triton(example):
 
 CXX_EXAMPLES = [e for e in EXAMPLES if compiles_cxx(e)]
 TRITON_EXAMPLES = [e for e in EXAMPLES if writes_triton(e)]
-CAPABILITIES = {"cxx", "nvcc", "triton", "inductor", "distributed", "sm80"}
+CAPABILITIES = {"cxx", "nvcc", "triton", "inductor", "flex-cpu", "distributed", "sm80"}
 
 
 def example(name):

@@ -982,7 +982,7 @@ def cpu_flex_attention_problem():
 
 FLEX_MISSING = cpu_flex_attention_problem() if DEVICE == "cpu" else None
 if COMPILE_WORKS and FLEX_MISSING is not None:
-    skip_or_fail("compiled FlexAttention", "avx2", FLEX_MISSING)
+    skip_or_fail("compiled FlexAttention", "flex-cpu", FLEX_MISSING)
 elif COMPILE_WORKS:
     flex_code = compile_flex_attention()
     largest_buffer = check_flex_attention_code(flex_code, FLEX_SHAPE)

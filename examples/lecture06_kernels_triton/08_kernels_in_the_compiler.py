@@ -535,7 +535,7 @@ FLEX_DEVICE = flex_device() if COMPILE_WORKS else None
 FLEX_MISSING = cpu_flex_attention_problem() if FLEX_DEVICE == "cpu" else None
 FLEX_CHECKED = FLEX_DEVICE is not None and FLEX_MISSING is None
 if FLEX_MISSING is not None:
-    skip_or_fail("FlexAttention", "avx2", FLEX_MISSING)
+    skip_or_fail("FlexAttention", "flex-cpu", FLEX_MISSING)
 elif COMPILE_WORKS:
     flex_error, flex_scale, (tiles_visited, tiles_total), flex_timings = check_flex_alibi(
         FLEX_DEVICE)
