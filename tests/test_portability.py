@@ -9,10 +9,9 @@ cells, one process per example, and logs the margin use of every ``assert_close`
 | cell | where | CPU instructions | threads | versions | environment |
 | --- | --- | --- | --- | --- | --- |
 | site build | tests/conftest.py | none beyond SSE4 (``ATEN_CPU_CAPABILITY=default``, MKL's and oneDNN's likewise) | 2 | pins | ``make html`` |
-| GPU check | tests/test_examples_standalone.py | AVX2 (PyTorch's, MKL's and oneDNN's) | 1 | pins | tools/gpu_check.py, a busy loop on every core |
-| reader | here | the machine's own (AVX-512 where it has it) | all | pins | the downloaded ``.py`` in an empty folder, no variables |
-| newest | here | the machine's own | all | the newest triton and numpy on PyPI | the downloads, as a reader |
-| no Triton, no C++ | tests/test_strict_builds.py | the machine's own | all | pins | ``import triton`` fails; ``CXX=/bin/false``; no compiler on PATH |
+| reader, loaded | here | AVX2 (PyTorch's, MKL's and oneDNN's) | 1 | pins | the downloaded ``.py`` in an empty folder, no variables; two runs at a time, beside the suite's other worker and a lowest-priority busy loop on every core |
+| newest | here | the machine's own (AVX-512 where it has it) | 2 | the newest triton and numpy on PyPI | the downloads, as a reader |
+| no Triton, no C++ | tests/test_strict_builds.py | the machine's own | 2 | pins | ``import triton`` fails; ``CXX=/bin/false``; no compiler on PATH |
 
 Each cell fails a test when an example fails, or when one of its checks uses more
 than half of its tolerance (``HEADROOM``). Timing claims are not tolerances: on a
@@ -24,6 +23,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,24 +59,44 @@ def reader_env(cache, **extra):
     return {**env, "MPLBACKEND": "Agg", "TORCHINDUCTOR_CACHE_DIR": str(cache), **extra}
 
 
-def run_cell(name, scripts, folder, env, timeout=600, record=True):
-    """Each script in its own process, one after another, with its margin log."""
-    runs = {}
-    for script in scripts:
-        log = folder / f"{script.stem}.margins.jsonl"
-        start = time.perf_counter()
-        try:
-            done = subprocess.run([sys.executable, str(RUNNER), str(script), "--log", str(log)],
-                                  cwd=script.parent, env=env, capture_output=True, text=True,
-                                  timeout=timeout, check=False)
-            code, output = done.returncode, done.stdout + done.stderr
-        except subprocess.TimeoutExpired as stopped:
-            code, output = -1, f"ran longer than {timeout} s\n{stopped.stdout or ''}{stopped.stderr or ''}"
-        margins = check_margins.table(check_margins.read(log), cell=name)
-        runs[script.stem] = Run(code, round(time.perf_counter() - start, 1), output, margins)
-        if record:
-            record_margins(name, margins, runs[script.stem].seconds)
+def run_cell(name, scripts, folder, env, timeout=600, record=True, at_once=1):
+    """Each script in its own process, ``at_once`` at a time, with its margin log."""
+    with ThreadPoolExecutor(max_workers=at_once) as pool:
+        finished = pool.map(lambda script: run_one(name, script, folder, env, timeout), scripts)
+        runs = {script.stem: run for script, run in zip(scripts, finished)}
+    if record:
+        for run in runs.values():
+            record_margins(name, run.margins, run.seconds)
     return runs
+
+
+def run_one(cell, script, folder, env, timeout):
+    log = folder / f"{script.stem}.margins.jsonl"
+    start = time.perf_counter()
+    try:
+        done = subprocess.run([sys.executable, str(RUNNER), str(script), "--log", str(log)],
+                              cwd=script.parent, env=env, capture_output=True, text=True,
+                              timeout=timeout, check=False)
+        code, output = done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired as stopped:
+        code, output = -1, f"ran longer than {timeout} s\n{stopped.stdout or ''}{stopped.stderr or ''}"
+    margins = check_margins.table(check_margins.read(log), cell=cell)
+    return Run(code, round(time.perf_counter() - start, 1), output, margins)
+
+
+class BusyCores:
+    """A busy loop on every core while the block runs, at the lowest priority (nice 19):
+    no core is ever idle, and the loops take only the time the runs leave."""
+
+    def __enter__(self):
+        self.loops = [subprocess.Popen([sys.executable, "-c", "import os\nos.nice(19)\nwhile True: pass"])
+                      for _ in range(os.cpu_count() or 1)]
+        return self
+
+    def __exit__(self, *exc):
+        for loop in self.loops:
+            loop.kill()
+            loop.wait()
 
 
 def downloads(site_root):
@@ -87,11 +107,20 @@ def downloads(site_root):
     return [found[e.name] for e in EXAMPLES]
 
 
+# AVX2 in PyTorch's, MKL's and oneDNN's kernels, as on a CPU without AVX-512; one thread.
+LOADED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+          "OMP_NUM_THREADS": "1"}
+
+
 @pytest.fixture(scope="session")
 def reader_cell(site, tmp_path_factory):
+    """The pinned versions, on a loaded machine: two one-thread runs at a time, beside the
+    suite's other worker (``make test`` runs two) and a busy loop on every core."""
     folder = tmp_path_factory.mktemp("reader")
     scripts = downloaded_into_empty_folders(site, folder)
-    return run_cell("reader", scripts, folder, reader_env(folder / "inductor"))
+    with BusyCores():
+        return run_cell("reader (avx2, 1 thread, loaded)", scripts, folder,
+                        reader_env(folder / "inductor", **LOADED), at_once=2)
 
 
 def downloaded_into_empty_folders(site, folder):
@@ -121,7 +150,8 @@ def newest_cell(site, tmp_path_factory):
     print("newest releases:", ", ".join(versions))
     scripts = downloaded_into_empty_folders(site, overlay / "downloads")
     return versions, run_cell("newest", scripts, overlay,
-                              reader_env(overlay / "inductor", PYTHONPATH=str(overlay / "site")))
+                              reader_env(overlay / "inductor", PYTHONPATH=str(overlay / "site"),
+                                         OMP_NUM_THREADS="2"))
 
 
 def _check(run, stem):
@@ -131,11 +161,24 @@ def _check(run, stem):
                       + check_margins.markdown(over))
 
 
+def _every_run_checks_numbers(runs):
+    """The log sees the checks: a cell with no margin rows would prove nothing."""
+    checked = [stem for stem, run in runs.items() if run.margins]
+    assert len(checked) >= len(EXAMPLES) - 2, sorted(set(runs) - set(checked))
+
+
+@pytest.mark.xdist_group("portability-reader")
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
 def test_a_reader_s_download_runs_with_headroom(reader_cell, example):
     _check(reader_cell[example.stem], example.stem)
 
 
+@pytest.mark.xdist_group("portability-reader")
+def test_the_reader_cell_checks_numbers(reader_cell):
+    _every_run_checks_numbers(reader_cell)
+
+
+@pytest.mark.xdist_group("portability-newest")
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
 def test_the_newest_releases_run_with_headroom(newest_cell, example):
     versions, runs = newest_cell
@@ -143,11 +186,9 @@ def test_the_newest_releases_run_with_headroom(newest_cell, example):
     _check(runs[example.stem], example.stem)
 
 
-def test_every_cell_checks_numbers(reader_cell, newest_cell):
-    """The log sees the checks: a cell with no margin rows would prove nothing."""
-    for runs in (reader_cell, newest_cell[1]):
-        checked = [stem for stem, run in runs.items() if run.margins]
-        assert len(checked) >= len(EXAMPLES) - 2, sorted(set(runs) - set(checked))
+@pytest.mark.xdist_group("portability-newest")
+def test_the_newest_cell_checks_numbers(newest_cell):
+    _every_run_checks_numbers(newest_cell[1])
 
 
 def test_the_log_reads_a_planted_precision_bug(tmp_path):

@@ -60,6 +60,7 @@ def test_example_page(site, example):
 
     record = json.loads((checkout / "source/auto_examples" / example.parent.name / "provenance"
                          / f"{example.stem}.json").read_text())
+    assert record["key_figures"], "the example reports no KEY_FIGURES (the GPU check's report needs them)"
     over = [m for m in record["margins"] if m["use"] > check_margins.HEADROOM]
     assert not over, "checks that use more than half of their tolerance:\n" + check_margins.markdown(over)
 
@@ -81,8 +82,9 @@ def test_gallery_index(site, lecture):
         assert "no_image" not in img["src"], "thumbnail is the placeholder, not a figure"
 
 
-def test_noop_rebuild_executes_nothing(site):
-    checkout, _ = site
+@pytest.mark.xdist_group("site-rebuilds")
+def test_noop_rebuild_executes_nothing(site_copy):
+    checkout = site_copy
     again = make(checkout, "html", env=SITE_ENV)
     assert again.returncode == 0, again.log[-3000:]
     assert again.examples_executed == 0
@@ -95,10 +97,11 @@ def links_to(root, page_name):
                   if p.name != page_name and pattern.search(p.read_text(encoding="utf-8")))
 
 
-def test_changing_one_example_reexecutes_only_it(site):
+@pytest.mark.xdist_group("site-rebuilds")
+def test_changing_one_example_reexecutes_only_it(site_copy):
     """A stand-in example is added, then edited: each build executes it alone. Added and
     removed again, it appears in, then vanishes from, every page's navigation."""
-    checkout, _ = site
+    checkout = site_copy
     built = checkout / "_build" / "html"
     tiny = checkout / "examples" / "lecture05_gpus" / "97_tiny.py"
     tiny.write_text('"""\nTiny\n====\n\nA stand-in example.\n"""\n\nprint(1 + 1)\n')
@@ -116,7 +119,7 @@ def test_changing_one_example_reexecutes_only_it(site):
     assert changed.examples_executed == 1
     assert "4" in (checkout / HTML / "auto_examples/lecture05_gpus/97_tiny.html").read_text()
 
-    tiny.unlink()  # and the site is as it was for later tests
+    tiny.unlink()
     removed = make(checkout, "html", env=SITE_ENV)
     assert removed.returncode == 0, removed.log[-3000:]
     assert removed.examples_executed == 0
