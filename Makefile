@@ -39,7 +39,8 @@ help:
 	@echo "               examples keep an earlier build's outputs, the others say they were not executed"
 	@echo "make serve     build both editions into $(BUILD)/serve, serve them on http://127.0.0.1:$(PORT)/"
 	@echo "               (en/ and zh_CN/) and rebuild when a file changes; Ctrl+C stops it"
-	@echo "make test      run the whole test suite (builds the site in a temporary folder)"
+	@echo "make test      run the whole test suite (builds the site in a temporary folder), on"
+	@echo "               TEST_WORKERS=2 workers"
 	@echo "make bench     in a temporary copy, time a clean build, a no-op rebuild and a rebuild after"
 	@echo "               editing one example, and count the examples each executed"
 	@echo "make gpu-check run every example at full size, one process each; report in $(BUILD)/gpu-check"
@@ -108,8 +109,10 @@ preview: venv
 serve: venv
 	$(BIN)/python tools/serve.py --out $(BUILD)/serve --seed $(BUILD) --port $(PORT)
 
+# Two workers, each taking whole groups of tests in the order tests/conftest.py gives.
+TEST_WORKERS ?= 2
 test: venv browser-deps
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder tests
 
 # The browser tests drive Debian's Chromium (Playwright cannot download its own
 # browser here) and check accessibility with axe-core from npm. optipng

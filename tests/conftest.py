@@ -1,7 +1,17 @@
-"""One clean build of the whole site, shared by the tests that inspect it, and the
-margin table of every cell of the portability matrix (tests/test_portability.py)."""
+"""One clean build of the whole site, shared by the tests that inspect it (and by both
+of pytest-xdist's workers), the margin table of every cell of the portability matrix
+(tests/test_portability.py), and the order in which the two workers take the tests.
 
+``make test`` runs the suite on two workers (``-n 2 --dist loadgroup``): most of its
+time goes to one-core processes (Sphinx builds, compilers), so two at a time fill a
+2-core machine. Each test gets a group, in the order below: the worker that takes the
+site's group builds the site while the other runs the tests that need no site.
+"""
+
+import dataclasses
+import json
 import os
+import shutil
 import sys
 import tempfile
 from collections import defaultdict
@@ -9,9 +19,10 @@ from pathlib import Path
 
 import pytest
 from browser import serve
+from filelock import FileLock
 
 from tools.margin_report import rows as build_margins
-from tools.site_build import REPO, copy_checkout, make
+from tools.site_build import REPO, BuildResult, copy_checkout, make
 
 sys.path.insert(0, str(REPO / "sphinxext"))
 import check_margins
@@ -35,26 +46,96 @@ SITE_ENV = {
 # found there, and a new machine starts with no cache either.
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="course-inductor-suite-")
 
-# cell -> margin rows, and cell -> seconds its example runs took, for the summary.
-MARGINS = defaultdict(list)
-CELL_SECONDS = defaultdict(float)
+# Groups of tests that share a costly fixture run on one worker, in this order. A test's
+# group is its xdist_group mark, or else its file's name; the files not named here go
+# between the site's group and the groups that read the site.
+FIRST = ["site"]
+SITE_READERS = ["integrity", "integrity-serve", "portability-reader", "portability-newest",
+                "site-rebuilds", "publishing", "cache", "browser", "links", "code_links"]
+
+
+def group_of(item):
+    mark = item.get_closest_marker("xdist_group")
+    return mark.args[0] if mark else item.module.__name__.removeprefix("test_")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    rank = {group: i for i, group in enumerate(FIRST)}
+    rank |= {group: 1000 + i for i, group in enumerate(SITE_READERS)}
+    items.sort(key=lambda item: rank.get(group_of(item), 500))  # stable: each file keeps its order
+
+
+def pytest_collection_finish(session):
+    if groups := os.environ.get("COURSE_TEST_GROUPS"):  # for the scheduler, in the controller
+        partial = Path(f"{groups}.{os.getpid()}")
+        partial.write_text(json.dumps({item.nodeid: group_of(item) for item in session.items}))
+        partial.replace(groups)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's own loadgroup marks node IDs, which pytest 9 no longer lets a plugin change;
+    this one reads each test's group from the file the workers wrote at collection."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            if not hasattr(self, "groups"):
+                self.groups = json.loads(Path(os.environ["COURSE_TEST_GROUPS"]).read_text())
+            return self.groups[nodeid]
+
+    return GroupScheduling(config, log)
+
+
+def shared_folder(tmp_path_factory):
+    """A folder both workers see: the parent of their own temporary folders under xdist."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def pytest_configure(config):
+    # Margin rows go to one file, which the controller (or the only process) reads at the
+    # end; the workers write each test's group to another, for the controller's scheduler.
+    if not hasattr(config, "workerinput"):
+        folder = Path(tempfile.mkdtemp(prefix="course-suite-"))
+        os.environ["COURSE_TEST_MARGINS"] = str(folder / "margins.jsonl")
+        os.environ["COURSE_TEST_GROUPS"] = str(folder / "groups.json")
 
 
 def record_margins(cell, rows, seconds=0.0):
-    MARGINS[cell] += [{**row, "cell": cell} for row in rows]
-    CELL_SECONDS[cell] += seconds
+    """Adds a cell's margin rows (and the seconds its runs took) to the suite's table."""
+    path = Path(os.environ["COURSE_TEST_MARGINS"])
+    with FileLock(str(path) + ".lock"), path.open("a", encoding="utf-8") as log:
+        log.write(json.dumps({"cell": cell, "rows": rows, "seconds": seconds}) + "\n")
+
+
+def recorded_margins():
+    """cell -> margin rows, and cell -> seconds its example runs took."""
+    margins, seconds = defaultdict(list), defaultdict(float)
+    path = Path(os.environ.get("COURSE_TEST_MARGINS", "/nonexistent"))
+    for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
+        entry = json.loads(line)
+        margins[entry["cell"]] += [{**row, "cell": entry["cell"]} for row in entry["rows"]]
+        seconds[entry["cell"]] += entry["seconds"]
+    return margins, seconds
 
 
 def pytest_terminal_summary(terminalreporter):
-    rows = sorted((row for cell in MARGINS.values() for row in cell), key=lambda row: -row["use"])
+    if hasattr(terminalreporter.config, "workerinput"):
+        return
+    margins, seconds = recorded_margins()
+    rows = sorted((row for cell in margins.values() for row in cell), key=lambda row: -row["use"])
     if not rows:
         return
     write = terminalreporter.write_line
     terminalreporter.section("margin use of the examples' numeric checks")
-    for cell in MARGINS:
-        worst = max((row["use"] for row in MARGINS[cell]), default=0.0)
-        cost = f", {CELL_SECONDS[cell]:.0f} s" if CELL_SECONDS[cell] else ""
-        write(f"{cell}: {len(MARGINS[cell])} checks, the worst uses {worst:.3f} of its tolerance{cost}")
+    for cell in margins:
+        worst = max((row["use"] for row in margins[cell]), default=0.0)
+        cost = f", {seconds[cell]:.0f} s" if seconds[cell] else ""
+        write(f"{cell}: {len(margins[cell])} checks, the worst uses {worst:.3f} of its tolerance{cost}")
     write(f"The 10 worst of {len(rows)} (above {check_margins.HEADROOM} a check fails its test):")
     for line in check_margins.markdown(rows, limit=10).splitlines():
         write(line)
@@ -62,20 +143,38 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.fixture(scope="session")
 def site(tmp_path_factory):
-    """A fresh checkout copy, built from scratch with ``make html-fresh``.
+    """A fresh checkout copy, built from scratch with ``make html-fresh``, once for both
+    workers. Tests only read it; a test that builds again works on ``site_copy``.
 
     COURSE_TEST_CHECKOUT=<folder> reuses a copy built earlier, as it is:
     handy while working on the browser tests themselves.
     """
     if reuse := os.environ.get("COURSE_TEST_CHECKOUT"):
         return Path(reuse), None
-    checkout = copy_checkout(tmp_path_factory.mktemp("site"))
-    result = make(checkout, "html-fresh", env=SITE_ENV)
+    shared = shared_folder(tmp_path_factory)
+    built = shared / "site.json"
+    with FileLock(str(shared / "site.lock")):
+        if built.exists():  # the other worker built it
+            record = json.loads(built.read_text())
+            if record["result"]["returncode"] != 0:
+                pytest.fail("make html failed (in the other worker's build)")
+            return Path(record["checkout"]), BuildResult(**record["result"])
+        checkout = copy_checkout(shared / "site")
+        result = make(checkout, "html-fresh", env=SITE_ENV)
+        built.write_text(json.dumps({"checkout": str(checkout), "result": dataclasses.asdict(result)}))
     if result.returncode != 0:
         pytest.fail(f"make html failed:\n{result.log[-6000:]}")
     record_margins("site build (ATEN_CPU_CAPABILITY=default)",
                    build_margins(checkout / "source" / "auto_examples"), result.seconds)
     return checkout, result
+
+
+@pytest.fixture(scope="module")
+def site_copy(site, tmp_path_factory):
+    """A copy of the built site for tests that build again: the shared one stays as built."""
+    copy = tmp_path_factory.mktemp("site-copy") / "site"
+    shutil.copytree(site[0], copy, symlinks=True)
+    return copy
 
 
 @pytest.fixture(scope="session")

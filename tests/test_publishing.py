@@ -41,9 +41,9 @@ def soup(path):
 
 
 @pytest.fixture(scope="module")
-def incremental(site):
+def incremental(site_copy):
     """The clean build's page lists, then an incremental build that rewrites one page."""
-    checkout, _ = site
+    checkout = site_copy
     html = checkout / "_build" / "html"
     clean = {e: content_pages(html / e) for e in EDITIONS}
     clean_sitemaps = {e: len(sitemap_locations(html / e)) for e in EDITIONS}
