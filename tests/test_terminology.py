@@ -118,7 +118,7 @@ def test_english_left_in_math_is_reported(tmp_path):
         ("\\text{waves} = \\lceil b / S \\rceil", "\\text{waves} = \\lceil b / S \\rceil"),
         ("\\text{tiles} = \\lceil n / t \\rceil", "\\text{分块数} = \\lceil n / t \\rceil"),
         ("It takes :math:`t_\\text{eager}` at :math:`I\\ \\text{FLOP/byte}`.",
-         "它耗时 :math:`t_\\text{eager}`，强度为 :math:`I\\ \\text{FLOP/byte}`。"),
+         "它耗时 :math:`t_\\text{eager}`，算术强度为 :math:`I\\ \\text{FLOP/byte}`。"),
     ], catalog=PLANTED_EXAMPLE)
     assert [f.msgid for f in findings] == ["\\text{waves} = \\lceil b / S \\rceil"]
     assert "\\text{waves}" in findings[0].detail
