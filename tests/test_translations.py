@@ -95,6 +95,13 @@ def planted_typography(tmp_path, msgstr):
     ("用(括号)说明。", "(括号)"),                            # half-width parentheses around Chinese
     ("调用``torch.compile``即可。", "``torch.compile``"),    # code is Latin text: it wants spaces too
     ("`0.044715 * ·`, `x + ·`, `c * ·`", "`, `"),            # a Chinese list of code takes 、
+    ("占用率为 25 %。", "25 %"),                             # no space before a percent sign
+    ("读取 32 x 32 的分块。", "32 x 32"),                     # ASCII x for multiplication
+    ("读取 32x32 的分块。", "32x32"),
+    ("快了约 3x，仍受限。", "3x"),
+    ("各个组成部分（流式多处理器（SM）、寄存器）", "（SM）"),    # nested full-width parentheses
+    ("内存的延迟–带宽图景", "延迟–带宽"),                        # an en dash joining Chinese words
+    ("按 α-β 模型估算", "α-β"),                                # or a hyphen
 ])
 def test_a_typography_error_is_reported(tmp_path, msgstr, wrong):
     findings = planted_typography(tmp_path, msgstr)
@@ -110,10 +117,55 @@ def test_a_typography_error_is_reported(tmp_path, msgstr, wrong):
     "{ref}`第 6 讲 <l6-fusion>`会讲到。",                             # the label shows Chinese
     "见 [NVIDIA 数据手册](https://www.nvidia.com/en-us/data-center/h200/)。",
     "`由 Sphinx-Gallery 生成的示例集 <https://sphinx-gallery.github.io>`_",
-    "依据张量 *数值* 的 Python ``if`` 语句",
+    "依据张量\\ *数值*\\ 的 Python ``if`` 语句",                 # emphasis joined with escapes
 ])
 def test_markup_is_not_linted(tmp_path, msgstr):
     assert not planted_typography(tmp_path, msgstr)
+
+
+@pytest.mark.parametrize("msgstr", [
+    "占用率为 25%，约为 8%。",
+    "读取 32×32 的分块，快了约 3×。",
+    "调用 ``torch.empty(32, 32)`` 或 ``0x10``，并取 :math:`2 x 3`。",   # code and math are left alone
+    "（见第 5 讲）和（SM）",                                          # side by side, not nested
+    "内存的延迟—带宽图景，按 α—β 模型估算——先看小消息。",
+    "如 ``a - b`` 和 $m - m'$ 所示。",
+    "它的编号是 sm_90a，即 x86-64 上的 T4-16GB。",                     # hyphens inside Latin words
+])
+def test_the_good_form_is_not_reported(tmp_path, msgstr):
+    assert not planted_typography(tmp_path, msgstr), planted_typography(tmp_path, msgstr)
+
+
+def planted_example(tmp_path, msgstr, catalog=PLANTED, msgid="A planted message."):
+    write_catalog(tmp_path, catalog, [(msgid, msgstr)])
+    return typography_findings(translated_messages(tmp_path))
+
+
+@pytest.mark.parametrize("msgstr, wrong", [
+    ("编译器 *能* 消除的开销", "编译器 *能* 消除"),                # reStructuredText shows both spaces
+    ("用 **中位数** 来汇总。", "**中位数** 来"),
+    ("固定的 **开销**，来自 Python。", "的 **开销**"),
+])
+def test_a_visible_space_around_emphasis_is_reported_in_an_example(tmp_path, msgstr, wrong):
+    findings = planted_example(tmp_path, msgstr)
+    assert any("emphasis" in f.detail and wrong in f.detail for f in findings), [f.detail for f in findings]
+
+
+@pytest.mark.parametrize("msgstr, catalog", [
+    ("编译器\\ *能*\\ 消除的开销，用\\ **中位数**\\ 来汇总。", PLANTED),   # joined with escapes
+    ("**运行要求。** 任何机器，用 *Triton* 编写。", PLANTED),                # a lead-in, Latin emphasis
+    ("编译器 *能* 消除的开销", "lectures/planted.po"),                        # MyST: not this rule's business
+])
+def test_emphasis_joined_without_a_visible_space_is_not_reported(tmp_path, msgstr, catalog):
+    assert not [f for f in planted_example(tmp_path, msgstr, catalog) if "emphasis" in f.detail]
+
+
+def test_a_translated_source_title_is_reported(tmp_path):
+    msgid = 'Each bank serves one word per cycle ("Shared Memory" in the guide), as "tile it" says.'
+    bad = planted_example(tmp_path, "每个存储体每个周期提供一个字（指南中的“共享内存”一节），即“分块”。", msgid=msgid)
+    assert [f.detail for f in bad] == ["quoted source title translated; keep it as it is: “Shared Memory”"], bad
+    good = planted_example(tmp_path, "每个存储体每个周期提供一个字（指南中的“Shared Memory”一节），即“分块”。", msgid=msgid)
+    assert not good, good
 
 
 # -- Markup parity ---------------------------------------------------------------------------

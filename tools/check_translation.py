@@ -281,7 +281,27 @@ OWN_RULES = [
     (re.compile(rf"\([^()]*[{CJK}][^()]*\)"), "half-width parentheses around Chinese"),
     (re.compile(rf"\"[^\"]*[{CJK}][^\"]*\""), "straight quotes around Chinese; use “”"),
     (re.compile("x[\ue000-\uf8ff]x?, x?[\ue000-\uf8ff]x"), "half-width comma between list items; use 、"),
+    (re.compile(r"\d\s+[%％]"), "a space before a percent sign; write 8%"),
+    # 32x32, 2 x 4, 3.0x: an ASCII letter for multiplication in prose (code and math are masked,
+    # and the padding "x" of a placeholder never stands between two numbers)
+    (re.compile(rf"(?<![\w.])(?!0x)\d+(?:\.\d+)?\s?[xX]\s?\d+(?![\w.])"
+                rf"|(?<![\w.])\d+(?:\.\d+)?[xX](?=[\s，。；：、）{CJK}]|$)"), "ASCII x for multiplication; write ×"),
+    (re.compile("（[^（）]*（[^（）]*）[^（）]*）"), "nested full-width parentheses; rephrase"),
+    # The joining dash of Chinese text is the one-em 一字线 (时间—字节数, α—β 模型); the sentence
+    # dash is ——. An en dash or a hyphen between Chinese words (or Greek symbols) is neither.
+    (re.compile(rf"(?<=[{CJK}α-ω])\s?[–‐－-]\s?(?=[{CJK}α-ω])"), "en dash or hyphen joining Chinese words; write —"),
 ]
+
+# reStructuredText (the examples' catalogs) shows the space that opens or closes inline
+# markup: emphasis inside a Chinese sentence is joined with escaped spaces, 的\ *延迟*\ ，.
+RST_RULES = [
+    (re.compile(rf"[{CJK}，。；：、（）“”] \*{{1,2}}(?=[{CJK}])|(?<=[{CJK}])\*{{1,2}} (?=[{CJK}，。；：、（）“”])"),
+     "a visible space around emphasis in a Chinese sentence; join it with \\ "),
+]
+
+# A source's title quoted in the original ("Coalesced Access to Global Memory") stays in its
+# language in the translation (docs/glossary.md's conventions).
+QUOTED_TITLE = re.compile(r"[\"“]([A-Z][\w-]*(?:[ :]+[\w()-]+)+)[\"”]")
 
 
 def _shows_latin(match, edge):
@@ -336,10 +356,15 @@ def typography_findings(messages):
         if corrected != masked:
             found.append(Finding(msg.catalog, msg.id, "typography",
                                  f"autocorrect-py: {_first_difference(masked, corrected, originals)}"))
-        for pattern, rule in OWN_RULES:
+        rules = OWN_RULES + (RST_RULES if msg.catalog.startswith("auto_examples/") else [])
+        for pattern, rule in rules:
             for m in pattern.finditer(masked):
                 context = masked[max(0, m.start() - 12):m.end() + 12]
                 found.append(Finding(msg.catalog, msg.id, "typography", f"{rule}: …{unmask(context, originals)}…"))
+        for title in QUOTED_TITLE.findall(prose(msg.id)):
+            if title not in msg.string:
+                found.append(Finding(msg.catalog, msg.id, "typography",
+                                     f"quoted source title translated; keep it as it is: “{title}”"))
     return found
 
 
