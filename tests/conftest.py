@@ -50,7 +50,7 @@ os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="course-inductor
 # group is its xdist_group mark, or else its file's name; the files not named here go
 # between the site's group and the groups that read the site.
 FIRST = ["site"]
-SITE_READERS = ["integrity", "integrity-serve", "portability-reader", "portability-newest",
+SITE_READERS = ["integrity", "portability-reader", "portability-newest",
                 "site-rebuilds", "publishing", "cache", "browser", "links", "code_links"]
 
 
@@ -169,9 +169,11 @@ def site(tmp_path_factory):
     return checkout, result
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def site_copy(site, tmp_path_factory):
-    """A copy of the built site for tests that build again: the shared one stays as built."""
+    """A copy of the built site for the tests that build again (group site-rebuilds), so that
+    the shared one stays as built. Its first build writes every page again (Sphinx starts
+    afresh in a new folder), so these tests share one copy."""
     copy = tmp_path_factory.mktemp("site-copy") / "site"
     shutil.copytree(site[0], copy, symlinks=True)
     return copy

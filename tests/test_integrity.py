@@ -1,11 +1,10 @@
 """Build integrity: no page loses its outputs or keeps another run's provenance, a
 removed example leaves nothing behind, and the commands do what their docs say.
 
-The build sequences run in two copies of the site the suite builds anyway (make
-serve's sequence in the second, on the other worker), each ending in a full build;
-02_profiling (fast, and it uses the profiler) is the example they edit.
-(example_runner and provenance come from sphinxext/, which tools.site_build puts
-on the path.)
+The build sequences run in one copy of the site the suite builds anyway, one
+after another, each ending in a full build; 02_profiling (fast, and it uses the
+profiler) is the example they edit. (example_runner and provenance come from
+sphinxext/, which tools.site_build puts on the path.)
 """
 
 import json
@@ -27,7 +26,6 @@ import provenance
 import pytest
 from babel.messages.pofile import read_po
 from bs4 import BeautifulSoup
-from conftest import SITE_ENV
 
 from tools.site_build import EXAMPLES, REPO, make
 
@@ -348,13 +346,12 @@ def _fetch(url):
 class Served:
     """``make serve`` on a free port, running in a session of its own."""
 
-    def __init__(self, checkout, env):
+    def __init__(self, checkout):
         self.base = f"http://127.0.0.1:{_free_port()}/"
         self.process = subprocess.Popen(
             ["make", "-C", str(checkout), "serve", f"VENV={sys.prefix}",
              f"PORT={self.base.rsplit(':', 1)[1].strip('/')}"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-            env={**os.environ, **env},
         )
         self.lines = []
         self.ready = threading.Event()
@@ -382,25 +379,14 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def serve_checkout(site, tmp_path_factory):
-    """A second copy of the built site, so that make serve's sequence runs beside the
-    sequences above (on the other worker). Its builds keep the site build's environment,
-    so that they start from its configuration."""
-    copy = tmp_path_factory.mktemp("integrity-serve") / "site"
-    shutil.copytree(site[0], copy, symlinks=True)
-    return copy
-
-
-@pytest.fixture(scope="module")
-def served(serve_checkout):
-    server = Served(serve_checkout, SITE_ENV)
+def served(checkout, after_partial_build):
+    server = Served(checkout)
     server.ready.wait(timeout=600)
     yield server
     if server.process.poll() is None:
         server.ctrl_c()
 
 
-@pytest.mark.xdist_group("integrity-serve")
 def test_serve_serves_both_editions_and_the_switcher_works(served):
     assert served.ready.is_set(), served.log()
     status, english = _fetch(served.base + "en/index.html")
@@ -412,7 +398,6 @@ def test_serve_serves_both_editions_and_the_switcher_works(served):
     assert status == 200 and '<html lang="zh-CN"' in chinese
 
 
-@pytest.mark.xdist_group("integrity-serve")
 def test_serve_s_first_build_writes_only_what_changed(served):
     """A new serve tree starts from make html's: neither edition writes its pages again (the
     Chinese one did, while jieba's dictionary sat in each build's own doctree folder)."""
@@ -424,13 +409,12 @@ def test_serve_s_first_build_writes_only_what_changed(served):
         assert len(written) <= 3, (edition, written)
 
 
-@pytest.mark.xdist_group("integrity-serve")
-def test_serve_and_html_keep_their_own_trees(serve_checkout, served):
+def test_serve_and_html_keep_their_own_trees(checkout, served):
     assert served.ready.is_set(), served.log()
     # Stopped first: its watcher must not rebuild into the shared source tree while
     # make html runs (a race that failed this test once in three runs).
     assert served.ctrl_c() is not None, "make serve did not stop on Ctrl+C"
-    again = checked(make(serve_checkout, "html", env=SITE_ENV))
+    again = checked(make(checkout, "html"))
     assert again.examples_executed == 0
     # Neither edition reads every page again: no "[new config]", "[config changed ...]"
     # or "source directory has changed", as when both wrote the same doctrees.
@@ -438,10 +422,9 @@ def test_serve_and_html_keep_their_own_trees(serve_checkout, served):
     updates = re.findall(r"^updating environment: .*$", plain, flags=re.MULTILINE)
     assert len(updates) == 2 and not any("[" in line for line in updates), updates
     assert "loading pickled environment... failed" not in again.log
-    assert (serve_checkout / "_build" / "serve" / "zh_CN" / "index.html").is_file()
+    assert (checkout / "_build" / "serve" / "zh_CN" / "index.html").is_file()
 
 
-@pytest.mark.xdist_group("integrity-serve")
 def test_ctrl_c_stops_serve(served):
     assert any("press Ctrl+C to stop" in line for line in served.lines), served.log()
     assert served.ctrl_c() is not None, "make serve did not stop on Ctrl+C"
@@ -464,30 +447,27 @@ def pages_written(log, edition):
 
 
 @pytest.fixture(scope="module")
-def after_named_builds(serve_checkout, served):
+def after_named_builds(checkout, served):
     """RUN= names an unchanged example in a lenient build, then a strict build follows."""
     served.ctrl_c()  # its watcher must not build while these do
     stem = EDITED.stem
-    named = checked(make(serve_checkout, "html", RUN="profiling", COURSE_REQUIRE="", env=SITE_ENV))
-    lenient = provenance.read_record(serve_checkout / "source" / "auto_examples" / LECTURE, stem)
-    strict = checked(make(serve_checkout, "html", env=SITE_ENV))
+    named = checked(make(checkout, "html", RUN="profiling", COURSE_REQUIRE=""))
+    lenient = provenance.read_record(checkout / "source" / "auto_examples" / LECTURE, stem)
+    strict = checked(make(checkout, "html"))
     return SimpleNamespace(named=named, lenient=lenient, strict=strict,
-                           record=provenance.read_record(serve_checkout / "source" / "auto_examples" / LECTURE, stem))
+                           record=provenance.read_record(checkout / "source" / "auto_examples" / LECTURE, stem))
 
 
-@pytest.mark.xdist_group("integrity-serve")
 def test_run_executes_what_it_names_even_when_current(after_named_builds):
     assert after_named_builds.named.examples_executed_per_edition == {"en": 1, "zh_CN": 0}
     assert "Executing 1 of" in after_named_builds.named.log
 
 
-@pytest.mark.xdist_group("integrity-serve")
 def test_a_build_says_its_configuration_changed_only_when_it_did(after_named_builds):
     for build in (after_named_builds.named, after_named_builds.strict):
         assert "The configuration has changed" not in build.log
 
 
-@pytest.mark.xdist_group("integrity-serve")
 def test_a_partial_build_writes_only_the_pages_it_changed(after_named_builds):
     """The selection is not configuration: neither it nor the next full build rewrites every page."""
     for build in (after_named_builds.named, after_named_builds.strict):
@@ -498,7 +478,6 @@ def test_a_partial_build_writes_only_the_pages_it_changed(after_named_builds):
             assert len(written) <= 5, (edition, written)
 
 
-@pytest.mark.xdist_group("integrity-serve")
 def test_a_strict_build_executes_again_what_a_lenient_one_ran(after_named_builds):
     built = after_named_builds
     assert built.lenient["required"] == []
@@ -509,9 +488,8 @@ def test_a_strict_build_executes_again_what_a_lenient_one_ran(after_named_builds
     assert provenance.is_strict(built.record) and not provenance.is_strict(built.lenient)
 
 
-@pytest.mark.xdist_group("integrity-serve")
-def test_examples_that_matches_nothing_fails_at_once_and_lists_the_examples(serve_checkout, after_named_builds):
-    result = make(serve_checkout, "html", EXAMPLES="does_not_exist", env=SITE_ENV)
+def test_examples_that_matches_nothing_fails_at_once_and_lists_the_examples(checkout, after_named_builds):
+    result = make(checkout, "html", EXAMPLES="does_not_exist")
     assert result.returncode != 0 and result.seconds < 60
     assert "EXAMPLES='does_not_exist' matches no example's file name" in result.log
     assert "06_torch_compile" in result.log and "== en edition" not in result.log
@@ -525,21 +503,19 @@ def _messages(locale):
     return found
 
 
-@pytest.mark.xdist_group("integrity-serve")
-def test_translations_after_a_build_extract_only_the_source(serve_checkout, after_named_builds):
+def test_translations_after_a_build_extract_only_the_source(checkout, after_named_builds):
     """make translations after make html: the catalogs gain nothing that a build added to its pages."""
-    locale = serve_checkout / "locale" / "zh_CN" / "LC_MESSAGES"
+    locale = checkout / "locale" / "zh_CN" / "LC_MESSAGES"
     before = _messages(locale)
-    checked(make(serve_checkout, "translations", env=SITE_ENV))
+    checked(make(checkout, "translations"))
     after = _messages(locale)
     changed = {name: sorted(m[0] for m in after[name] ^ before.get(name, set())) for name in after
                if after[name] != before.get(name)}
     assert changed == {}, changed
 
 
-@pytest.mark.xdist_group("integrity-serve")
-def test_a_broken_translation_fails_make_html_before_the_chinese_build(serve_checkout, after_named_builds):
-    catalog = serve_checkout / "locale/zh_CN/LC_MESSAGES/auto_examples" / LECTURE / f"{EDITED.stem}.po"
+def test_a_broken_translation_fails_make_html_before_the_chinese_build(checkout, after_named_builds):
+    catalog = checkout / "locale/zh_CN/LC_MESSAGES/auto_examples" / LECTURE / f"{EDITED.stem}.po"
     original = catalog.read_text(encoding="utf-8")
     with open(catalog, "rb") as f:
         message = next(m for m in read_po(f) if m.id and "``" in m.string)
@@ -549,7 +525,7 @@ def test_a_broken_translation_fails_make_html_before_the_chinese_build(serve_che
     catalog.write_text(original.replace(escaped, json.dumps(broken, ensure_ascii=False)[1:-1], 1),
                        encoding="utf-8")
     try:
-        result = make(serve_checkout, "html", EDITIONS="zh_CN", env=SITE_ENV)
+        result = make(checkout, "html", EDITIONS="zh_CN")
     finally:
         catalog.write_text(original, encoding="utf-8")
     assert result.returncode != 0

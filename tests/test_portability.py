@@ -10,8 +10,8 @@ cells, one process per example, and logs the margin use of every ``assert_close`
 | --- | --- | --- | --- | --- | --- |
 | site build | tests/conftest.py | none beyond SSE4 (``ATEN_CPU_CAPABILITY=default``, MKL's and oneDNN's likewise) | 2 | pins | ``make html`` |
 | reader, loaded | here | AVX2 (PyTorch's, MKL's and oneDNN's) | 1 | pins | the downloaded ``.py`` in an empty folder, no variables; two runs at a time, beside the suite's other worker and a lowest-priority busy loop on every core |
-| newest | here | the machine's own (AVX-512 where it has it) | 2 | the newest triton and numpy on PyPI | the downloads, as a reader |
-| no Triton, no C++ | tests/test_strict_builds.py | the machine's own | 2 | pins | ``import triton`` fails; ``CXX=/bin/false``; no compiler on PATH |
+| newest | here | the machine's own (AVX-512 where it has it) | 1 | the newest triton and numpy on PyPI | the downloads, as a reader, two at a time |
+| no Triton, no C++ | tests/test_strict_builds.py | the machine's own | 1 | pins | ``import triton`` fails; ``CXX=/bin/false`` (a compiler missing from PATH: its probe, by itself) |
 
 Each cell fails a test when an example fails, or when one of its checks uses more
 than half of its tolerance (``HEADROOM``). Timing claims are not tolerances: on a
@@ -151,7 +151,7 @@ def newest_cell(site, tmp_path_factory):
     scripts = downloaded_into_empty_folders(site, overlay / "downloads")
     return versions, run_cell("newest", scripts, overlay,
                               reader_env(overlay / "inductor", PYTHONPATH=str(overlay / "site"),
-                                         OMP_NUM_THREADS="2"))
+                                         OMP_NUM_THREADS="1"), at_once=2)
 
 
 def _check(run, stem):

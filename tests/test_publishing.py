@@ -54,6 +54,7 @@ def incremental(site_copy):
     return checkout, clean, clean_sitemaps
 
 
+@pytest.mark.xdist_group("site-rebuilds")
 @pytest.mark.parametrize("edition", EDITIONS)
 def test_incremental_build_publishes_every_page(incremental, edition):
     checkout, clean, clean_sitemaps = incremental

@@ -8,8 +8,10 @@ the "no silent skip on a GPU" rule, checked here with a C++ compiler that works
 except on the example's source.
 
 The branches are forced with real conditions, not hooks: ``CXX=/bin/false``, a
-PATH without a compiler, a ``triton`` package that cannot be imported, and that
-picky compiler. The runs are independent processes, so they run two at a time.
+``triton`` package that cannot be imported, and that picky compiler. The runs are
+independent processes, so they run two at a time, one thread each. A compiler that
+is not on PATH at all takes another branch of the same probe, which is called by
+itself for every example that compiles.
 """
 
 import ast
@@ -84,9 +86,7 @@ def tools(tmp_path_factory):
     picky.chmod(picky.stat().st_mode | stat.S_IXUSR)
     (folder / "no-triton" / "triton").mkdir(parents=True)
     (folder / "no-triton" / "triton" / "__init__.py").write_text(HIDDEN_TRITON)
-    (folder / "empty-path").mkdir()
-    return {"picky": str(picky), "no-triton": str(folder / "no-triton"),
-            "empty-path": str(folder / "empty-path")}
+    return {"picky": str(picky), "no-triton": str(folder / "no-triton")}
 
 
 def scenarios():
@@ -95,7 +95,6 @@ def scenarios():
     for path in CXX_EXAMPLES:
         cases += [
             (f"cxx-false-{path.stem}", path, {"CXX": "/bin/false"}),
-            (f"no-compiler-{path.stem}", path, {"CXX": None, "PATH": "{empty-path}"}),
             (f"require-cxx-{path.stem}", path, {"CXX": "/bin/false", "COURSE_REQUIRE": "cxx"}),
         ]
     for path in TRITON_EXAMPLES:
@@ -122,7 +121,8 @@ SCENARIOS = {name: (path, changes) for name, path, changes in scenarios()}
 def run(path, changes, tools, scratch):
     """As a reader runs it (no TRITON_INTERPRET: the example sets it), with its margin log."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COURSE_", "TRITON_"))}
-    env.update(MPLBACKEND="Agg", TORCH_EXTENSIONS_DIR=str(scratch / "extensions"))  # no earlier build is reused
+    # No earlier build is reused; one thread, as two runs share the cores with the other worker.
+    env.update(MPLBACKEND="Agg", TORCH_EXTENSIONS_DIR=str(scratch / "extensions"), OMP_NUM_THREADS="1")
     for name, value in changes.items():
         if value is None:
             env.pop(name, None)
@@ -158,7 +158,7 @@ def test_the_examples_that_compile_and_use_triton_are_found():
         path.name for path in TRITON_EXAMPLES}
 
 
-LENIENT = [name for name in SCENARIOS if name.startswith(("cxx-false", "no-compiler", "no-triton"))]
+LENIENT = [name for name in SCENARIOS if name.startswith(("cxx-false", "no-triton"))]
 STRICT = [name for name in SCENARIOS if name.startswith("require-")]
 PICKY = [name for name in SCENARIOS if name.startswith("picky-")]
 
@@ -174,8 +174,6 @@ def test_a_reader_s_run_skips_what_is_missing_and_says_so(runs, name):
     capability = "triton" if name.startswith("no-triton") else "cxx"
     lines = skipped_lines(done)
     assert any(f": {capability} is missing (" in line for line in lines), done.stdout[-3000:]
-    if name.startswith("no-compiler"):
-        assert any("is on PATH" in line for line in lines), lines
     # Each line names its section: no two are the same (06 once printed five identical ones).
     assert len(lines) == len(set(lines)), lines
 
@@ -379,6 +377,29 @@ def test_the_nvcc_probe_finds_a_missing_or_broken_toolkit(path, tmp_path):
     assert "does not exist" in nvcc_problem()
     cpp_extension.CUDA_HOME = str(fake)
     assert "fails on a one-line .cu file (exit 1)" in nvcc_problem()
+
+
+NO_COMPILER = "no-such-c++"
+
+
+@pytest.mark.parametrize("path", CXX_EXAMPLES, ids=lambda p: p.stem)
+def test_the_cxx_probe_names_a_compiler_that_is_not_on_path(path, monkeypatch):
+    """The probe's branch for a machine with no compiler at all, called by itself; the
+    runs above take the other branch (CXX=/bin/false is there but fails) to the skips."""
+    from torch.utils import cpp_extension
+
+    text = source(path)
+    names = [n for n in ("compile_problem", "cxx_problem", "nvcc_problem", "missing_toolchain")
+             if f"\ndef {n}(" in text]
+    monkeypatch.setenv("CXX", NO_COMPILER)  # what cpp_extension.get_cxx_compiler() returns
+    probes = dict(zip(names, extract(path, *names, os=os, shutil=shutil, subprocess=subprocess,
+                                     tempfile=tempfile, cpp_extension=cpp_extension, DEVICE="cpu")))
+    if "cxx_problem" in probes:
+        reason = probes["cxx_problem"](NO_COMPILER)
+    else:
+        capability, reason = probes["missing_toolchain"]()
+        assert capability == "cxx"
+    assert reason == f"no C++ compiler {NO_COMPILER!r} is on PATH"
 
 
 INTERPRETER_EXCUSES = [e for e in EXAMPLES if "def interpreter_cannot_loop" in source(e)]
