@@ -40,7 +40,7 @@ help:
 	@echo "make serve     build both editions into $(BUILD)/serve, serve them on http://127.0.0.1:$(PORT)/"
 	@echo "               (en/ and zh_CN/) and rebuild when a file changes; Ctrl+C stops it"
 	@echo "make test      run the whole test suite (builds the site in a temporary folder), on"
-	@echo "               TEST_WORKERS=2 workers"
+	@echo "               TEST_WORKERS=3 workers"
 	@echo "make bench     in a temporary copy, time a clean build, a no-op rebuild and a rebuild after"
 	@echo "               editing one example, and count the examples each executed"
 	@echo "make gpu-check run every example at full size, one process each; report in $(BUILD)/gpu-check"
@@ -109,8 +109,9 @@ preview: venv
 serve: venv
 	$(BIN)/python tools/serve.py --out $(BUILD)/serve --seed $(BUILD) --port $(PORT)
 
-# Two workers, each taking whole groups of tests in the order tests/conftest.py gives.
-TEST_WORKERS ?= 2
+# Three workers on two cores, each taking whole groups of tests in the order
+# tests/conftest.py gives: while one waits for the site build, two keep the cores busy.
+TEST_WORKERS ?= 3
 test: venv browser-deps
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder tests
 

@@ -49,9 +49,9 @@ os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="course-inductor
 # Groups of tests that share a costly fixture run on one worker, in this order. A test's
 # group is its xdist_group mark, or else its file's name; the files not named here go
 # between the site's group and the groups that read the site.
-FIRST = ["site"]
-SITE_READERS = ["integrity", "portability-reader", "portability-newest",
-                "site-rebuilds", "publishing", "cache", "browser", "links", "code_links"]
+FIRST = ["site", "builds"]  # "builds", the longest, waits for the site on a worker of its own
+SITE_READERS = ["portability-reader", "portability-newest", "publishing", "cache", "browser",
+                "links", "code_links"]
 
 
 def group_of(item):
@@ -144,7 +144,8 @@ def pytest_terminal_summary(terminalreporter):
 @pytest.fixture(scope="session")
 def site(tmp_path_factory):
     """A fresh checkout copy, built from scratch with ``make html-fresh``, once for both
-    workers. Tests only read it; a test that builds again works on ``site_copy``.
+    workers: (a snapshot of it, the build's result). Tests only read the snapshot; the
+    tests that build again do so in the build's own folder (``site_to_build_in``).
 
     COURSE_TEST_CHECKOUT=<folder> reuses a copy built earlier, as it is:
     handy while working on the browser tests themselves.
@@ -158,25 +159,30 @@ def site(tmp_path_factory):
             record = json.loads(built.read_text())
             if record["result"]["returncode"] != 0:
                 pytest.fail("make html failed (in the other worker's build)")
-            return Path(record["checkout"]), BuildResult(**record["result"])
+            return Path(record["snapshot"]), BuildResult(**record["result"])
         checkout = copy_checkout(shared / "site")
         result = make(checkout, "html-fresh", env=SITE_ENV)
-        built.write_text(json.dumps({"checkout": str(checkout), "result": dataclasses.asdict(result)}))
+        snapshot = shared / "site-snapshot"
+        if result.returncode == 0:
+            shutil.copytree(checkout, snapshot, symlinks=True)
+        built.write_text(json.dumps({"checkout": str(checkout), "snapshot": str(snapshot),
+                                     "result": dataclasses.asdict(result)}))
     if result.returncode != 0:
         pytest.fail(f"make html failed:\n{result.log[-6000:]}")
     record_margins("site build (ATEN_CPU_CAPABILITY=default)",
                    build_margins(checkout / "source" / "auto_examples"), result.seconds)
-    return checkout, result
+    return snapshot, result
 
 
 @pytest.fixture(scope="session")
-def site_copy(site, tmp_path_factory):
-    """A copy of the built site for the tests that build again (group site-rebuilds), so that
-    the shared one stays as built. Its first build writes every page again (Sphinx starts
-    afresh in a new folder), so these tests share one copy."""
-    copy = tmp_path_factory.mktemp("site-copy") / "site"
-    shutil.copytree(site[0], copy, symlinks=True)
-    return copy
+def site_to_build_in(site, tmp_path_factory):
+    """The folder the site was built in, for the tests that build again (group "builds",
+    one worker, one after another). In its own folder a build starts from the pages
+    already there; in a copy, Sphinx would read and write every page anew."""
+    if os.environ.get("COURSE_TEST_CHECKOUT"):
+        pytest.skip("the build tests need the suite's own build, not COURSE_TEST_CHECKOUT")
+    record = json.loads((shared_folder(tmp_path_factory) / "site.json").read_text())
+    return Path(record["checkout"])
 
 
 @pytest.fixture(scope="session")

@@ -85,5 +85,5 @@ def test_hung_example_is_stopped_with_a_clear_message(checkout):
     result = make(checkout, "html", EXAMPLES="99_hung", env={"COURSE_EXAMPLE_TIMEOUT": "3"})
     assert result.returncode != 0
     assert "99_hung.py ran longer than the per-example limit of 3 s" in result.log
-    assert result.seconds < 120
+    assert result.seconds < 300  # the example sleeps 600 s; the rest is the build, on a busy machine
     assert "COURSE_EXAMPLE_TIMEOUT=1200" in last_lines(result.log)  # how to allow it longer

@@ -1,8 +1,9 @@
 """Build integrity: no page loses its outputs or keeps another run's provenance, a
 removed example leaves nothing behind, and the commands do what their docs say.
 
-The build sequences run in one copy of the site the suite builds anyway, one
-after another, each ending in a full build; 02_profiling (fast, and it uses the
+The build sequences run in the very folder where the suite built its site (the
+other tests read a snapshot of it), one after another, each ending in a full build,
+in the site build's environment, so that each build starts from that one's pages; 02_profiling (fast, and it uses the
 profiler) is the example they edit. (example_runner and provenance come from
 sphinxext/, which tools.site_build puts on the path.)
 """
@@ -10,7 +11,6 @@ sphinxext/, which tools.site_build puts on the path.)
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -26,8 +26,17 @@ import provenance
 import pytest
 from babel.messages.pofile import read_po
 from bs4 import BeautifulSoup
+from conftest import SITE_ENV
 
-from tools.site_build import EXAMPLES, REPO, make
+from tools.site_build import EXAMPLES, REPO
+from tools.site_build import make as make_in
+
+pytestmark = pytest.mark.xdist_group("builds")  # the tests that build in the site's own folder
+
+
+def make(checkout, target="html", **variables):
+    """``make`` in the site build's environment, so that its configuration stays the same."""
+    return make_in(checkout, target, env=SITE_ENV, **variables)
 
 EDITIONS = ("en", "zh_CN")
 EDITED = next(e for e in EXAMPLES if e.stem == "02_profiling")
@@ -188,12 +197,9 @@ def test_examples_is_a_search_in_the_file_names():
 
 
 @pytest.fixture(scope="module")
-def checkout(site, tmp_path_factory):
-    """A copy of the suite's fully built site, to run build sequences in."""
-    built, _ = site
-    copy = tmp_path_factory.mktemp("integrity") / "site"
-    shutil.copytree(built, copy, symlinks=True)
-    return copy
+def checkout(site_to_build_in):
+    """The folder of the suite's full build, to run build sequences in."""
+    return site_to_build_in
 
 
 def page(checkout, example, edition="en", build="html"):
@@ -352,6 +358,7 @@ class Served:
             ["make", "-C", str(checkout), "serve", f"VENV={sys.prefix}",
              f"PORT={self.base.rsplit(':', 1)[1].strip('/')}"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            env={**os.environ, **SITE_ENV},
         )
         self.lines = []
         self.ready = threading.Event()

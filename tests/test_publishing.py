@@ -41,9 +41,9 @@ def soup(path):
 
 
 @pytest.fixture(scope="module")
-def incremental(site_copy):
+def incremental(site_to_build_in):
     """The clean build's page lists, then an incremental build that rewrites one page."""
-    checkout = site_copy
+    checkout = site_to_build_in
     html = checkout / "_build" / "html"
     clean = {e: content_pages(html / e) for e in EDITIONS}
     clean_sitemaps = {e: len(sitemap_locations(html / e)) for e in EDITIONS}
@@ -54,7 +54,7 @@ def incremental(site_copy):
     return checkout, clean, clean_sitemaps
 
 
-@pytest.mark.xdist_group("site-rebuilds")
+@pytest.mark.xdist_group("builds")
 @pytest.mark.parametrize("edition", EDITIONS)
 def test_incremental_build_publishes_every_page(incremental, edition):
     checkout, clean, clean_sitemaps = incremental

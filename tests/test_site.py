@@ -82,9 +82,9 @@ def test_gallery_index(site, lecture):
         assert "no_image" not in img["src"], "thumbnail is the placeholder, not a figure"
 
 
-@pytest.mark.xdist_group("site-rebuilds")
-def test_noop_rebuild_executes_nothing(site_copy):
-    checkout = site_copy
+@pytest.mark.xdist_group("builds")
+def test_noop_rebuild_executes_nothing(site_to_build_in):
+    checkout = site_to_build_in
     again = make(checkout, "html", env=SITE_ENV)
     assert again.returncode == 0, again.log[-3000:]
     assert again.examples_executed == 0
@@ -97,11 +97,11 @@ def links_to(root, page_name):
                   if p.name != page_name and pattern.search(p.read_text(encoding="utf-8")))
 
 
-@pytest.mark.xdist_group("site-rebuilds")
-def test_changing_one_example_reexecutes_only_it(site_copy):
+@pytest.mark.xdist_group("builds")
+def test_changing_one_example_reexecutes_only_it(site_to_build_in):
     """A stand-in example is added, then edited: each build executes it alone. Added and
     removed again, it appears in, then vanishes from, every page's navigation."""
-    checkout = site_copy
+    checkout = site_to_build_in
     built = checkout / "_build" / "html"
     tiny = checkout / "examples" / "lecture05_gpus" / "97_tiny.py"
     tiny.write_text('"""\nTiny\n====\n\nA stand-in example.\n"""\n\nprint(1 + 1)\n')
