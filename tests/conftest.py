@@ -1,11 +1,12 @@
-"""One clean build of the whole site, shared by the tests that inspect it (and by both
+"""One clean build of the whole site, shared by the tests that inspect it (and by all
 of pytest-xdist's workers), the margin table of every cell of the portability matrix
-(tests/test_portability.py), and the order in which the two workers take the tests.
+(tests/test_portability.py), and the order in which the workers take the tests.
 
-``make test`` runs the suite on two workers (``-n 2 --dist loadgroup``): most of its
-time goes to one-core processes (Sphinx builds, compilers), so two at a time fill a
-2-core machine. Each test gets a group, in the order below: the worker that takes the
-site's group builds the site while the other runs the tests that need no site.
+``make test`` runs the suite on three workers (``-n 3 --dist loadgroup``): most of its
+time goes to one-core processes (Sphinx builds, compilers), so they fill a 2-core
+machine. Each test gets a group, in the order below: one worker builds the site, one
+waits for it to run the build sequences in its folder, and one runs the tests that
+need no site.
 """
 
 import dataclasses
@@ -48,7 +49,7 @@ os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="course-inductor
 
 # Groups of tests that share a costly fixture run on one worker, in this order. A test's
 # group is its xdist_group mark, or else its file's name; the files not named here go
-# between the site's group and the groups that read the site.
+# between the first groups and the groups that read the site.
 FIRST = ["site", "builds"]  # "builds", the longest, waits for the site on a worker of its own
 SITE_READERS = ["portability-reader", "portability-newest", "publishing", "cache", "browser",
                 "links", "code_links"]
@@ -91,7 +92,7 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def shared_folder(tmp_path_factory):
-    """A folder both workers see: the parent of their own temporary folders under xdist."""
+    """A folder every worker sees: the parent of their own temporary folders under xdist."""
     base = tmp_path_factory.getbasetemp()
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
@@ -143,7 +144,7 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.fixture(scope="session")
 def site(tmp_path_factory):
-    """A fresh checkout copy, built from scratch with ``make html-fresh``, once for both
+    """A fresh checkout copy, built from scratch with ``make html-fresh``, once for all
     workers: (a snapshot of it, the build's result). Tests only read the snapshot; the
     tests that build again do so in the build's own folder (``site_to_build_in``).
 
@@ -155,10 +156,10 @@ def site(tmp_path_factory):
     shared = shared_folder(tmp_path_factory)
     built = shared / "site.json"
     with FileLock(str(shared / "site.lock")):
-        if built.exists():  # the other worker built it
+        if built.exists():  # another worker built it
             record = json.loads(built.read_text())
             if record["result"]["returncode"] != 0:
-                pytest.fail("make html failed (in the other worker's build)")
+                pytest.fail("make html failed (in another worker's build)")
             return Path(record["snapshot"]), BuildResult(**record["result"])
         checkout = copy_checkout(shared / "site")
         result = make(checkout, "html-fresh", env=SITE_ENV)

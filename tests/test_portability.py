@@ -9,7 +9,7 @@ cells, one process per example, and logs the margin use of every ``assert_close`
 | cell | where | CPU instructions | threads | versions | environment |
 | --- | --- | --- | --- | --- | --- |
 | site build | tests/conftest.py | none beyond SSE4 (``ATEN_CPU_CAPABILITY=default``, MKL's and oneDNN's likewise) | 2 | pins | ``make html`` |
-| reader, loaded | here | AVX2 (PyTorch's, MKL's and oneDNN's) | 1 | pins | the downloaded ``.py`` in an empty folder, no variables; two runs at a time, beside the suite's other worker and a lowest-priority busy loop on every core |
+| reader, loaded | here | AVX2 (PyTorch's, MKL's and oneDNN's) | 1 | pins | the downloaded ``.py`` in an empty folder, no variables; two runs at a time, beside the suite's other workers and a lowest-priority busy loop on every core |
 | newest | here | the machine's own (AVX-512 where it has it) | 1 | the newest triton and numpy on PyPI | the downloads, as a reader, two at a time |
 | no Triton, no C++ | tests/test_strict_builds.py | the machine's own | 1 | pins | ``import triton`` fails; ``CXX=/bin/false`` (a compiler missing from PATH: its probe, by itself) |
 
@@ -115,7 +115,7 @@ LOADED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONE
 @pytest.fixture(scope="session")
 def reader_cell(site, tmp_path_factory):
     """The pinned versions, on a loaded machine: two one-thread runs at a time, beside the
-    suite's other worker (``make test`` runs two) and a busy loop on every core."""
+    suite's other workers (``make test`` runs three) and a busy loop on every core."""
     folder = tmp_path_factory.mktemp("reader")
     scripts = downloaded_into_empty_folders(site, folder)
     with BusyCores():

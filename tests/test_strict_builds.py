@@ -121,7 +121,7 @@ SCENARIOS = {name: (path, changes) for name, path, changes in scenarios()}
 def run(path, changes, tools, scratch):
     """As a reader runs it (no TRITON_INTERPRET: the example sets it), with its margin log."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COURSE_", "TRITON_"))}
-    # No earlier build is reused; one thread, as two runs share the cores with the other worker.
+    # No earlier build is reused; one thread, as two runs share the cores with the other workers.
     env.update(MPLBACKEND="Agg", TORCH_EXTENSIONS_DIR=str(scratch / "extensions"), OMP_NUM_THREADS="1")
     for name, value in changes.items():
         if value is None:
