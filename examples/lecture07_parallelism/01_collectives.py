@@ -588,8 +588,11 @@ if CAN_RUN_RANKS:
 # assumes: its all-reduce costs about the sum of its two passes.
 #
 # On GPUs the picture has the same shape at a different scale: alpha is much
-# smaller, and beta is the NVLink or InfiniBand bandwidth per GPU, which the
-# lecture quotes with its sources. NCCL implements
+# smaller, and beta is NVLink's bandwidth per GPU inside a node; across
+# nodes it is set by the network adapters of the group's GPUs in each node:
+# one adapter's 50 GB/s for a group with one GPU per node, all eight
+# together, the node's 400 GB/s egress, for a group that holds whole nodes.
+# The lecture quotes these figures with their sources. NCCL implements
 # every collective natively, so its reduce-scatter and all-gather each cost
 # about half an all-reduce. Nothing measured on this page describes such links:
 # these are processes on one machine's cores, talking through the kernel's
