@@ -585,9 +585,13 @@ for ilp in (1, 4):
 # 8 warps per SM) we require the second to reach at least half of
 # ``min(copy bandwidth, 4 x the first's bandwidth)``.
 
+# The source includes only the tensor type it uses: ``<torch/types.h>``, which
+# ``load_inline`` would otherwise prepend, brings all of ATen's operators and
+# makes ``nvcc`` parse them once for the host and once for each architecture.
 CUDA_SOURCE = r"""
 #include <cuda_runtime.h>
-#include <torch/types.h>
+#include <vector>
+#include <ATen/core/Tensor.h>
 
 template <int ILP>
 __global__ void copy_kernel(const float4* __restrict__ src, float4* __restrict__ dst, long n) {
@@ -613,7 +617,7 @@ __global__ void transpose_kernel(const float* __restrict__ src, float* __restric
     for (int j = 0; j < 32; j += 8) dst[(long)(y + j) * n + x] = tile[threadIdx.x][threadIdx.y + j];
 }
 
-std::vector<int64_t> copy(torch::Tensor src, torch::Tensor dst, int64_t ilp, int64_t shared_bytes) {
+std::vector<int64_t> copy(const at::Tensor& src, const at::Tensor& dst, int64_t ilp, int64_t shared_bytes) {
     auto kernel = ilp == 4 ? copy_kernel<4> : copy_kernel<1>;
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared_bytes);
     int blocks_per_sm = 0, sms = 0, device = 0;
@@ -629,7 +633,7 @@ std::vector<int64_t> copy(torch::Tensor src, torch::Tensor dst, int64_t ilp, int
     return {blocks_per_sm, sms, attributes.numRegs};
 }
 
-void transpose(torch::Tensor src, torch::Tensor dst, bool padded) {
+void transpose(const at::Tensor& src, const at::Tensor& dst, bool padded) {
     int n = src.size(0);
     dim3 grid(n / 32, n / 32), block(32, 8);
     if (padded) transpose_kernel<1><<<grid, block>>>(src.data_ptr<float>(), dst.data_ptr<float>(), n);
@@ -638,8 +642,11 @@ void transpose(torch::Tensor src, torch::Tensor dst, bool padded) {
 }
 """
 CPP_SOURCE = """
-std::vector<int64_t> copy(torch::Tensor src, torch::Tensor dst, int64_t ilp, int64_t shared_bytes);
-void transpose(torch::Tensor src, torch::Tensor dst, bool padded);
+#include <vector>
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/utils/pybind.h>
+std::vector<int64_t> copy(const at::Tensor& src, const at::Tensor& dst, int64_t ilp, int64_t shared_bytes);
+void transpose(const at::Tensor& src, const at::Tensor& dst, bool padded);
 """
 
 
@@ -688,7 +695,8 @@ if MISSING_TOOLCHAIN is not None:
 elif DEVICE == "cuda":
     CUDA_EXTENSION = cpp_extension.load_inline(
         "occupancy_and_banks", cpp_sources=CPP_SOURCE, cuda_sources=CUDA_SOURCE,
-        functions=["copy", "transpose"], extra_cuda_cflags=["-O3"])
+        functions=["copy", "transpose"], extra_cuda_cflags=["-O3"], no_implicit_headers=True,
+        with_pytorch_error_handling=False)
 
 
 def median_ms(fn):
