@@ -273,27 +273,43 @@ def test_profiler_prints_no_usdt_lines_in_the_build(after_preview):
     assert "USDT" not in html.log and "profiler_start" not in html.log
 
 
+def links_to(root, page_name):
+    """Built pages (both editions) with a link to ``page_name``."""
+    pattern = re.compile(rf'href="(?:[^"]*/)?{re.escape(page_name)}(?:#[^"]*)?"')
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*.html")
+                  if p.name != page_name and pattern.search(p.read_text(encoding="utf-8")))
+
+
 @pytest.fixture(scope="module")
 def after_partial_build(checkout, after_preview):
-    """Edit one example, build a new one alone, put the first back, build in full
-    (§1, second sequence). The new one goes before that full build, and another comes
-    that prints nothing, so that the full build fails (§1's guard); then it goes too,
-    and the next full build succeeds (§2)."""
+    """Edit one example, build a new one alone, put the first back and edit the new one,
+    build in full (§1, second sequence). A third comes that prints nothing, and the new one
+    goes, so that the full build fails (§1's guard); then the third goes too, and the next
+    full build succeeds (§2). Adding and removing pages rewrites every page (their
+    navigation changes), so one sequence adds and removes for all the tests that need it."""
     edited = checkout / EDITED.relative_to(REPO)
     added = {name: checkout / "examples" / LECTURE / f"{name}.py" for name in ("97_extra", "96_silent")}
+    html = checkout / "_build" / "html"
     added["97_extra"].write_text(EXTRA)
     original = edit(edited)
     partial = checked(make(checkout, "html", EXAMPLES="97_extra"))
     pages = {edition: shows(page(checkout, EDITED, edition)) for edition in EDITIONS}
     extra_page = shows(page(checkout, added["97_extra"]))
+    linking = links_to(html, "97_extra.html")
 
     edited.write_text(original)
+    added["97_extra"].write_text(EXTRA + 'print("edited:", 2 + 2)\n')
+    changed = checked(make(checkout, "html"))
+    extra_after_change = shows(page(checkout, added["97_extra"]))
+
     added["97_extra"].unlink()
     added["96_silent"].write_text(SILENT)
     refused = make(checkout, "html")
     added["96_silent"].unlink()
-    return SimpleNamespace(partial=partial, pages=pages, extra=extra_page, refused=refused,
-                           html=checked(make(checkout, "html")))
+    return SimpleNamespace(partial=partial, pages=pages, extra=extra_page, linking=linking,
+                           changed=changed, extra_after_change=extra_after_change,
+                           refused=refused, html=checked(make(checkout, "html")),
+                           linking_after=links_to(html, "97_extra.html"))
 
 
 def test_partial_build_says_which_pages_it_did_not_execute(after_partial_build):
@@ -322,8 +338,22 @@ def test_full_build_fails_on_a_page_without_outputs(after_partial_build):
     assert "What to do next" in tail
 
 
+def test_an_added_example_appears_in_every_page_s_navigation(after_partial_build):
+    last = next(e for e in reversed(EXAMPLES) if e.parent.name == LECTURE)  # the page before it
+    for edition in EDITIONS:  # its neighbour's "next" link, and every sidebar that names it
+        assert f"{edition}/auto_examples/{LECTURE}/{last.stem}.html" in after_partial_build.linking, edition
+        assert f"{edition}/auto_examples/{LECTURE}/index.html" in after_partial_build.linking, edition
+
+
+def test_a_full_build_executes_only_the_examples_that_are_not_current(checkout, after_partial_build):
+    """The example edited after the partial build, and the one that build did not execute."""
+    built = after_partial_build
+    assert built.changed.examples_executed_per_edition == {"en": 2, "zh_CN": 0}
+    assert "edited: 4" in built.extra_after_change.text
+    assert built.extra_after_change.provenance is not None
+
+
 def test_full_build_after_a_partial_one_shows_every_output(checkout, after_partial_build):
-    # The refused build executed 02_profiling again before it stopped; this one writes its pages.
     assert after_partial_build.html.examples_executed == 0
     assert_executed_and_vouched(checkout, EDITED)
 
@@ -333,6 +363,7 @@ def test_removed_examples_leave_nothing_behind(checkout, after_partial_build):
     left = [p.relative_to(checkout) for folder in ("source", "_build")
             for name in ("97_extra", "96_silent") for p in (checkout / folder).rglob(f"*{name}*")]
     assert not left, left
+    assert after_partial_build.linking_after == [], "pages still link to the removed example"
 
 
 # -- make serve --------------------------------------------------------------------

@@ -90,42 +90,6 @@ def test_noop_rebuild_executes_nothing(site_to_build_in):
     assert again.examples_executed == 0
 
 
-def links_to(root, page_name):
-    """Built pages (both editions) with a link to ``page_name``."""
-    pattern = re.compile(rf'href="(?:[^"]*/)?{re.escape(page_name)}(?:#[^"]*)?"')
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*.html")
-                  if p.name != page_name and pattern.search(p.read_text(encoding="utf-8")))
-
-
-@pytest.mark.xdist_group("builds")
-def test_changing_one_example_reexecutes_only_it(site_to_build_in):
-    """A stand-in example is added, then edited: each build executes it alone. Added and
-    removed again, it appears in, then vanishes from, every page's navigation."""
-    checkout = site_to_build_in
-    built = checkout / "_build" / "html"
-    tiny = checkout / "examples" / "lecture05_gpus" / "97_tiny.py"
-    tiny.write_text('"""\nTiny\n====\n\nA stand-in example.\n"""\n\nprint(1 + 1)\n')
-    added = make(checkout, "html", env=SITE_ENV)
-    assert added.returncode == 0, added.log[-3000:]
-    assert added.examples_executed == 1
-    before_it = "auto_examples/lecture05_gpus/07_occupancy_and_on_chip.html"
-    linking = links_to(built, "97_tiny.html")
-    for edition in ("en", "zh_CN"):  # its neighbour's "next" link and every sidebar name it
-        assert f"{edition}/{before_it}" in linking, f"{edition}: the page before it does not link to it"
-
-    tiny.write_text(tiny.read_text() + "print(2 + 2)\n")
-    changed = make(checkout, "html", env=SITE_ENV)
-    assert changed.returncode == 0, changed.log[-3000:]
-    assert changed.examples_executed == 1
-    assert "4" in (checkout / HTML / "auto_examples/lecture05_gpus/97_tiny.html").read_text()
-
-    tiny.unlink()
-    removed = make(checkout, "html", env=SITE_ENV)
-    assert removed.returncode == 0, removed.log[-3000:]
-    assert removed.examples_executed == 0
-    assert links_to(built, "97_tiny.html") == [], "pages still link to the removed example"
-
-
 def test_pages_name_no_folder_of_the_build_machine(site):
     """Printed paths are relative to the example's folder: a page names no folder of the build."""
     checkout, _ = site
