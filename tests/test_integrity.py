@@ -340,12 +340,12 @@ def test_full_build_fails_on_a_page_without_outputs(after_partial_build):
 
 def test_an_added_example_appears_in_every_page_s_navigation(after_partial_build):
     last = next(e for e in reversed(EXAMPLES) if e.parent.name == LECTURE)  # the page before it
-    for edition in EDITIONS:  # its neighbour's "next" link, and every sidebar that names it
+    for edition in EDITIONS:  # its neighbour's "next" link, and its lecture's gallery
         assert f"{edition}/auto_examples/{LECTURE}/{last.stem}.html" in after_partial_build.linking, edition
         assert f"{edition}/auto_examples/{LECTURE}/index.html" in after_partial_build.linking, edition
 
 
-def test_a_full_build_executes_only_the_examples_that_are_not_current(checkout, after_partial_build):
+def test_a_full_build_executes_only_the_examples_that_are_not_current(after_partial_build):
     """The example edited after the partial build, and the one that build did not execute."""
     built = after_partial_build
     assert built.changed.examples_executed_per_edition == {"en": 2, "zh_CN": 0}
