@@ -263,10 +263,11 @@ for name, model in LLAMA2.items():
 # and one adapter's 50 GB/s when the group has one GPU per node, as a
 # data-parallel group has under :math:`t = 8`. The hierarchical form,
 # reduce-scatter in the node, all-reduce of the :math:`S/k` shards across
-# nodes, all-gather in the node, sends the same bytes through each adapter;
-# below, its time with the phases one after the other, and with them all at
-# once, brackets this model's. A pipeline stage sends to its neighbour
-# through its own adapter: 50 GB/s.
+# nodes, all-gather in the node, sends :math:`2(1 - k/n)\,S/k` bytes through
+# each adapter, less than the ring's :math:`2(1 - 1/n)\,S/k`; below, its
+# time with the phases one after the other, and with them all at once,
+# brackets this model's. A pipeline stage sends to its neighbour through its
+# own adapter: 50 GB/s.
 #
 # **Compute.** :math:`6N + 12Lsh` FLOPs per token (Narayanan et al. 2021;
 # a third more with full recomputation) at the dense datasheet peak, a lower
