@@ -526,11 +526,13 @@ fig.tight_layout()
 # Checking the picks against published layouts
 # --------------------------------------------
 # The planner is a model; published runs are evidence. Three of them give
-# degrees we can check. Llama 3 405B was pretrained on 8192-token sequences in
-# batches of 16M tokens, on 8,192 and then 16,384 H100 GPUs, as tensor
-# parallel 8 in each node, pipeline parallel 16 and data parallel 64 or 128
-# (Llama Team 2024, Table 4, the rows without context parallelism; the shapes
-# are those of its Table 3). torchtitan trained Llama 3.1 8B on 128 H100 GPUs
+# degrees we can check. Llama 3 405B was pretrained, after its first 2.87T
+# tokens, on 8192-token sequences in batches of 16M tokens (Llama Team 2024,
+# section 3.4.1), on 8,192 and then 16,384 H100 GPUs, as tensor parallel 8 in
+# each node, pipeline parallel 16 and data parallel 64 or 128 (its Table 4,
+# the rows without context parallelism; the shapes are those of its Table 3,
+# except the vocabulary, 128,256 tokens in the released models where Table 3
+# gives 128,000). torchtitan trained Llama 3.1 8B on 128 H100 GPUs
 # with FSDP alone, two sequences per GPU (its performance report, Table 3;
 # 8192-token sequences, the length of its preset). Their nodes are modelled
 # with the figures above except memory: 80 GB per H100 (NVIDIA's datasheet),
