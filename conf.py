@@ -49,6 +49,7 @@ extensions = [
     "sphinxcontrib.bibtex",
     "sphinx.ext.intersphinx",
     "sphinx_codeautolink",
+    "codeautolink_memo",  # after codeautolink: a page body written again is not parsed again
 ]
 html_math_renderer = "katex"
 myst_enable_extensions = ["colon_fence", "dollarmath", "amsmath", "deflist", "attrs_inline"]

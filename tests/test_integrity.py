@@ -163,6 +163,39 @@ def test_generated_files_of_a_removed_example_go(tmp_path):
     assert sorted(p.name for p in gallery.rglob("*") if p.is_file()) == [kept.name]
 
 
+def test_codeautolink_s_memo_reuses_only_what_its_arguments_determine(tmp_path, monkeypatch):
+    import codeautolink_memo
+
+    calls = []
+
+    def compute(document, html, transforms, inventory, *rest, disable_link_titles):
+        calls.append(html)
+        if "warn" in html:
+            app._warncount += 1
+        return html.replace("torch", f'<a href="{inventory["torch"]}">torch</a>')
+
+    app = SimpleNamespace(doctreedir=str(tmp_path), _warncount=0)
+    monkeypatch.setattr(codeautolink_memo, "_compute", compute)
+    codeautolink_memo._remember_app(app)
+    name = SimpleNamespace(code_str="torch", lineno=1, end_lineno=1, context=None,
+                           resolved_location="torch")
+    transforms = [SimpleNamespace(source="import torch", names=[name])]
+
+    def link(html, inventory):
+        return codeautolink_memo.link_html("lecture/page", html, transforms, inventory, {}, [],
+                                           disable_link_titles=True)
+
+    first = link("<pre>torch</pre>", {"torch": "a.html"})
+    assert link("<pre>torch</pre>", {"torch": "a.html"}) == first and len(calls) == 1
+    assert link("<pre>torch </pre>", {"torch": "a.html"}) != first and len(calls) == 2  # the body
+    assert 'href="b.html"' in link("<pre>torch </pre>", {"torch": "b.html"})  # where a name links
+    assert len(calls) == 3
+    link("<pre>warn torch</pre>", {"torch": "a.html"})
+    link("<pre>warn torch</pre>", {"torch": "a.html"})
+    assert len(calls) == 5, "a call that warned was remembered: the next build would not warn"
+    assert codeautolink_memo._state["hits"] == 1
+
+
 def test_make_help_names_every_knob():
     text = subprocess.run(["make", "-s", "-C", str(REPO), "help"], capture_output=True, text=True,
                           check=True).stdout
@@ -273,6 +306,12 @@ def test_profiler_prints_no_usdt_lines_in_the_build(after_preview):
     assert "USDT" not in html.log and "profiler_start" not in html.log
 
 
+def code_links(root):
+    """Page -> how many names in its code blocks link to their documentation (codeautolink)."""
+    return {str(p.relative_to(root)): p.read_text(encoding="utf-8").count("sphinx-codeautolink-a")
+            for p in root.rglob("*.html")}
+
+
 def links_to(root, page_name):
     """Built pages (both editions) with a link to ``page_name``."""
     pattern = re.compile(rf'href="(?:[^"]*/)?{re.escape(page_name)}(?:#[^"]*)?"')
@@ -290,6 +329,7 @@ def after_partial_build(checkout, after_preview):
     edited = checkout / EDITED.relative_to(REPO)
     added = {name: checkout / "examples" / LECTURE / f"{name}.py" for name in ("97_extra", "96_silent")}
     html = checkout / "_build" / "html"
+    code_links_before = code_links(html)
     added["97_extra"].write_text(EXTRA)
     original = edit(edited)
     partial = checked(make(checkout, "html", EXAMPLES="97_extra"))
@@ -309,7 +349,8 @@ def after_partial_build(checkout, after_preview):
     return SimpleNamespace(partial=partial, pages=pages, extra=extra_page, linking=linking,
                            changed=changed, extra_after_change=extra_after_change,
                            refused=refused, html=checked(make(checkout, "html")),
-                           linking_after=links_to(html, "97_extra.html"))
+                           linking_after=links_to(html, "97_extra.html"),
+                           code_links_before=code_links_before, code_links_after=code_links(html))
 
 
 def test_partial_build_says_which_pages_it_did_not_execute(after_partial_build):
@@ -364,6 +405,16 @@ def test_removed_examples_leave_nothing_behind(checkout, after_partial_build):
             for name in ("97_extra", "96_silent") for p in (checkout / folder).rglob(f"*{name}*")]
     assert not left, left
     assert after_partial_build.linking_after == [], "pages still link to the removed example"
+
+
+def test_pages_written_again_keep_their_code_links(after_partial_build):
+    """The last build rewrote every page (a page went), mostly from codeautolink's memo
+    (sphinxext/codeautolink_memo.py): the links in the code blocks are those of before."""
+    built = after_partial_build
+    assert sum(built.code_links_before.values()) > 100
+    assert built.code_links_after == built.code_links_before
+    reused = [int(n) for n in re.findall(r"reused the links of (\d+) unchanged", built.html.log)]
+    assert len(reused) == len(EDITIONS) and min(reused) >= 20, reused
 
 
 # -- make serve --------------------------------------------------------------------
