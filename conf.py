@@ -50,6 +50,7 @@ extensions = [
     "sphinx.ext.intersphinx",
     "sphinx_codeautolink",
     "codeautolink_memo",  # after codeautolink: a page body written again is not parsed again
+    "codeautolink_sources",  # codeautolink's cache keeps the code blocks of Markdown pages too
 ]
 html_math_renderer = "katex"
 myst_enable_extensions = ["colon_fence", "dollarmath", "amsmath", "deflist", "attrs_inline"]

@@ -196,6 +196,29 @@ def test_codeautolink_s_memo_reuses_only_what_its_arguments_determine(tmp_path, 
     assert codeautolink_memo._state["hits"] == 1
 
 
+def test_codeautolink_s_cache_keeps_the_code_blocks_of_markdown_pages(tmp_path):
+    import codeautolink_sources
+    from sphinx_codeautolink.extension.block import CodeExample, SourceTransform
+    from sphinx_codeautolink.extension.cache import DataCache
+    from sphinx_codeautolink.parse import Name
+
+    (tmp_path / "lectures").mkdir()
+    (tmp_path / "lectures" / "page.md").write_text("# A page\n")
+    suffixes = {".rst": "restructuredtext", ".md": "markdown"}
+    codeautolink_sources._remember_suffixes(SimpleNamespace(config=SimpleNamespace(source_suffix=suffixes)))
+    written = DataCache(tmp_path, tmp_path)
+    name = Name(import_components=["torch", "profiler"], code_str="torch.profiler", lineno=1,
+                end_lineno=1, resolved_location="torch.profiler")
+    for page in ("lectures/page", "lectures/gone"):
+        written.transforms[page] = [SourceTransform("import torch.profiler\n", [name],
+                                                    CodeExample(page, "id", ["h"]), 3)]
+    written.write()
+    read = DataCache(tmp_path, tmp_path)
+    codeautolink_sources.read_every_source(read)  # what DataCache.read is in a build
+    assert list(read.transforms) == ["lectures/page"]  # kept, and the removed page's entry goes
+    assert read.transforms["lectures/page"][0].names[0].code_str == "torch.profiler"
+
+
 def test_make_help_names_every_knob():
     text = subprocess.run(["make", "-s", "-C", str(REPO), "help"], capture_output=True, text=True,
                           check=True).stdout
