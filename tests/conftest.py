@@ -70,11 +70,11 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(autouse=True)
 def _critical_path_first(request):
     """Under xdist, a worker that takes a group off the critical path (the site build, then
-    the build sequences in its folder) runs it, and all it starts, at nice 5: the two cores
+    the build sequences in its folder) runs it, and all it starts, at nice 10: the two cores
     serve the site and the sequences first, and the rest fills what they leave."""
     off_the_path = os.environ.get("PYTEST_XDIST_WORKER") and group_of(request.node) not in FIRST
-    if off_the_path and os.getpriority(os.PRIO_PROCESS, 0) < 5:
-        os.setpriority(os.PRIO_PROCESS, 0, 5)
+    if off_the_path and os.getpriority(os.PRIO_PROCESS, 0) < 10:
+        os.setpriority(os.PRIO_PROCESS, 0, 10)
     yield
 
 

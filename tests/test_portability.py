@@ -87,7 +87,7 @@ def run_one(cell, script, folder, env, timeout):
 class BusyCores:
     """A busy loop on every core while the block runs, under Linux's idle policy (SCHED_IDLE,
     below nice 19): no core is ever idle, and the loops take only the time the runs and the
-    suite's other workers leave, even when those run at nice 5."""
+    suite's other workers leave, even when those run at nice 10."""
 
     LOOP = ("import os\ntry:\n    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
             "except (AttributeError, OSError):\n    os.nice(19)\nwhile True: pass")
