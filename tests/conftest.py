@@ -46,6 +46,10 @@ SITE_ENV = {
 # that another run compiled with other instructions (ATEN_CPU_CAPABILITY) must not be
 # found there, and a new machine starts with no cache either.
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="course-inductor-suite-")
+# C++ extensions likewise get a folder per worker: two processes that build one extension
+# in one folder race on its lock file and on ninja's outputs (a CI run failed on it, with
+# "No such file or directory: .../lecture06_gelu_cpu_twin/lock").
+os.environ["TORCH_EXTENSIONS_DIR"] = tempfile.mkdtemp(prefix="course-extensions-suite-")
 
 # Groups of tests that share a costly fixture run on one worker, in this order. A test's
 # group is its xdist_group mark, or else its file's name; the files not named here go

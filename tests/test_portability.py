@@ -52,11 +52,13 @@ def reader_env(cache, **extra):
 
     Inductor's cache of compiled graphs gets a folder of its own (``cache``): it does
     not key on the instruction set, and code compiled for another cell's could be reused.
+    So do the C++ extensions: cells that run at once must not build one in one folder.
     """
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("COURSE_", "TRITON_", "ATEN_", "MKL_", "ONEDNN_", "OMP_", "TORCHINDUCTOR_"))
            and k != "PYTHONPATH"}
-    return {**env, "MPLBACKEND": "Agg", "TORCHINDUCTOR_CACHE_DIR": str(cache), **extra}
+    return {**env, "MPLBACKEND": "Agg", "TORCHINDUCTOR_CACHE_DIR": str(cache),
+            "TORCH_EXTENSIONS_DIR": str(cache.with_name(cache.name + "-extensions")), **extra}
 
 
 def run_cell(name, scripts, folder, env, timeout=600, record=True, at_once=1):
