@@ -1,0 +1,447 @@
+"""An example's program in another language: its messages, and the program rebuilt from their translations.
+
+The Chinese edition runs a Chinese rendering of each example, made from the English
+file and the example's catalog. What a reader sees is translated; what the code
+computes with is not:
+
+* **comment**: a run of full-line comments in code (not in a gallery text block), one
+  message per run (a bare ``#`` line ends a run), or a comment after code on its line;
+* **docstring**: the docstring of a function or a class (the module's docstring is the
+  page's title and introduction, translated with the page);
+* **string**: a string constant that reads as prose (two words), or that a call shows
+  (``print``, a figure's title, labels and text, ``label=``);
+* **f-string**: the same for an f-string; its message is its source text between the
+  quotes, replacement fields included, and the translation keeps the same fields.
+
+A string is never a message where the code uses it as data: a dictionary key, an index,
+an operand of a comparison, ``in`` or a ``match`` case, or a keyword argument that an
+API reads (``mode="max-autotune"``); nor anywhere else in the file where the same text
+is used so. A translation equal to its message keeps the original text as it was.
+
+The invariant that makes the rendering safe: its syntax tree equals the English one
+once every string constant is masked and each f-string is reduced to its replacement
+fields (:func:`masked_tree`). Comments are not in the tree at all. So the two programs
+compute the same thing, and only what they print and draw differs.
+"""
+
+import ast
+import inspect
+import io
+import re
+import tokenize
+import unicodedata
+from dataclasses import dataclass
+
+CONTEXT = "program"  # the catalog context of a program's messages
+WIDTH = 88  # comments are wrapped to this many columns, a wide character counting two
+
+TEXT_BLOCK_START = re.compile(r"^# ?%%")
+SPECIAL_COMMENT = re.compile(r"^#\s*(sphinx_gallery_|noqa|type:|pragma|fmt:|-\*-|!)")
+PROSE = re.compile(r"[A-Za-z]{2,}[,;:.!?'\")]*\s+[(\"'`]*[A-Za-z]{2,}")  # two words and a space
+LETTERS = re.compile(r"[A-Za-z]{2,}")
+# Calls whose string arguments a reader sees, and keyword arguments that are labels.
+SHOWN_BY = {"print", "set_title", "set_xlabel", "set_ylabel", "suptitle", "title", "xlabel",
+            "ylabel", "text", "annotate", "figtext", "legend", "set_xticklabels",
+            "set_yticklabels", "bar_label", "skip", "fail", "warn"}
+LABEL_KEYWORDS = {"label", "labels", "title", "xlabel", "ylabel", "msg", "message"}
+# Calls that compute with a string passed to them: string methods, lookups, files, processes,
+# loggers and warning filters, operator names, and this course's output-searching helpers.
+DATA_CALLS = {"startswith", "endswith", "count", "find", "rfind", "index", "split", "rsplit",
+              "partition", "rpartition", "replace", "strip", "lstrip", "rstrip", "removeprefix",
+              "removesuffix", "search", "match", "fullmatch", "findall", "finditer", "sub",
+              "compile", "get", "pop", "setdefault", "getattr", "setattr", "hasattr", "getenv",
+              "open", "Path", "write_text", "read_text", "getLogger", "filterwarnings",
+              "simplefilter", "custom_op", "triton_op", "run", "Popen", "check_output",
+              "encode", "decode", "first_line_with", "median_seconds", "timeit", "Timer"}
+
+
+class ProgramTranslationError(ValueError):
+    """A translation that cannot make a program equal to the original."""
+
+
+@dataclass(frozen=True)
+class Message:
+    kind: str  # comment, docstring, string, f-string
+    msgid: str
+    line: int  # 1-based line of the English file
+
+
+# -- Display width ----------------------------------------------------------------------
+
+def display_width(text):
+    """Columns a terminal gives ``text``: two for a wide (East Asian) character."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+# -- What is a message --------------------------------------------------------------------
+
+def _parents(tree):
+    parent = {}
+    for node in ast.walk(tree):
+        for child in ast.iter_child_nodes(node):
+            parent[child] = node
+    return parent
+
+
+def _docstrings(tree):
+    """The docstring constants of functions and classes, and the module's."""
+    module, others = None, set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                if isinstance(node, ast.Module):
+                    module = body[0].value
+                else:
+                    others.add(body[0].value)
+    return module, others
+
+
+def _call_name(call):
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+
+
+def _used_as_data(node, parent):
+    """Whether the code computes with this string (rather than showing it)."""
+    up = parent.get(node)
+    while isinstance(up, (ast.Tuple, ast.List, ast.Set)):  # an element of a literal collection
+        node, up = up, parent.get(up)
+    if isinstance(up, ast.Dict) and any(k is node for k in up.keys):
+        return True
+    if isinstance(up, ast.Subscript) and up.slice is node:
+        return True
+    if isinstance(up, (ast.Compare, ast.match_case, ast.MatchValue)):
+        return True
+    if isinstance(up, ast.keyword):
+        return up.arg not in LABEL_KEYWORDS  # loc="upper left", mode="max-autotune"
+    if isinstance(up, ast.Call) and node is not up.func:
+        name = _call_name(up)
+        if name == "write":  # sys.stdout.write shows; a file's write stores
+            return ast.unparse(up.func) not in {"sys.stdout.write", "sys.stderr.write"}
+        return name in DATA_CALLS
+    return False
+
+
+def _shown(node, parent):
+    """Whether a call shows this string: an argument of print, a figure's text, a label."""
+    up = parent.get(node)
+    while isinstance(up, (ast.Tuple, ast.List, ast.BinOp, ast.IfExp)) or (
+            isinstance(up, ast.Call) and _call_name(up) in {"join", "format"}):
+        node, up = up, parent.get(up)
+    if isinstance(up, ast.keyword):
+        return up.arg in LABEL_KEYWORDS
+    return isinstance(up, ast.Call) and _call_name(up) in SHOWN_BY and node is not up.func
+
+
+def _segment_lines(source):
+    return source.splitlines(keepends=True)
+
+
+def _char_offset(lines, lineno, col_bytes):
+    """Character offset in the file of an AST position (``col_offset`` counts UTF-8 bytes)."""
+    line = lines[lineno - 1]
+    return sum(len(x) for x in lines[: lineno - 1]) + len(line.encode("utf-8")[:col_bytes].decode("utf-8"))
+
+
+def _span(lines, node):
+    return (_char_offset(lines, node.lineno, node.col_offset),
+            _char_offset(lines, node.end_lineno, node.end_col_offset))
+
+
+STRING_PIECE = re.compile(r"""(?P<prefix>[rRbBuUfF]{0,2})(?P<quote>'''|\"\"\"|'|")""")
+
+
+def _pieces(text):
+    """The string literals an (implicitly concatenated) string expression is made of:
+    (prefix, quote, body) each. Code that parses on Python 3.11 never nests a quote inside
+    an f-string's field, so a literal ends at the first unescaped copy of its quote."""
+    pieces, i = [], 0
+    while i < len(text):
+        if text[i] in " \t\r\n\\":
+            i += 1
+            continue
+        if text[i] == "#":
+            i = text.index("\n", i) if "\n" in text[i:] else len(text)
+            continue
+        match = STRING_PIECE.match(text, i)
+        if not match:
+            raise ProgramTranslationError(f"not a string literal: {text[i:i + 40]!r}")
+        prefix, quote = match["prefix"], match["quote"]
+        j = match.end()
+        while not text.startswith(quote, j):  # a backslash keeps the next quote in, raw or not
+            if j >= len(text):
+                raise ProgramTranslationError(f"unterminated string literal: {text[:60]!r}")
+            j += 2 if text[j] == "\\" else 1
+        pieces.append((prefix, quote, text[match.end():j]))
+        i = j + len(quote)
+    return pieces
+
+
+def fstring_message(source_text):
+    """An f-string expression's message: the bodies of its literals, as f-string source."""
+    bodies = []
+    for prefix, quote, body in _pieces(source_text):
+        if "r" in prefix.lower() or len(quote) == 3:
+            raise ProgramTranslationError(f"raw or triple-quoted f-string pieces are not handled: {source_text[:60]!r}")
+        if "f" not in prefix.lower():
+            body = body.replace("{", "{{").replace("}", "}}")
+        other = '"' if quote == "'" else "'"
+        bodies.append(body.replace("\\" + other, other))  # one quote style for the message
+    return "".join(bodies)
+
+
+def _strings(tree, source):
+    """(node, kind, msgid) of every string or f-string message, in file order."""
+    parent = _parents(tree)
+    module_doc, docstrings = _docstrings(tree)
+    lines = _segment_lines(source)
+    in_fstring = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in ast.walk(n) if v is not n}
+    candidates, data_texts = [], set()
+    for node in ast.walk(tree):
+        if id(node) in in_fstring or node is module_doc or node in docstrings:
+            continue
+        if not (isinstance(node, ast.JoinedStr) or isinstance(node, ast.Constant) and isinstance(node.value, str)):
+            continue
+        start, end = _span(lines, node)
+        pieces = _pieces(source[start:end])
+        long_form = any(len(quote) == 3 or "r" in prefix.lower() for prefix, quote, _ in pieces)
+        if long_form and (isinstance(node, ast.JoinedStr) or not _shown(node, parent)):
+            continue  # a triple-quoted or raw literal is code (a kernel's source, a script), not a message
+        if isinstance(node, ast.Constant):
+            text, kind = node.value, "string"
+        else:
+            text, kind = fstring_message(source[start:end]), "f-string"
+        if _used_as_data(node, parent):
+            data_texts.add(text)
+        elif LETTERS.search(_literal_text(node) if kind == "f-string" else text) and (
+                PROSE.search(_literal_text(node) if kind == "f-string" else text) or _shown(node, parent)):
+            candidates.append((node, kind, text))
+    kept = [c for c in candidates if c[2] not in data_texts and not _is_code(c[2])]
+    return sorted(kept, key=lambda c: (c[0].lineno, c[0].col_offset))
+
+
+def _is_code(text):
+    """Whether a string is Python source (a script run in a subprocess), not prose."""
+    try:
+        tree = ast.parse(re.sub(r"\{[^{}]*\}", "x", text))
+    except (SyntaxError, ValueError):
+        return False
+    return any(isinstance(node, (ast.Call, ast.Import, ast.ImportFrom, ast.Assign)) for node in ast.walk(tree))
+
+
+def _literal_text(joined):
+    return " ".join(v.value for v in joined.values if isinstance(v, ast.Constant))
+
+
+def _text_block_lines(lines):
+    """Line numbers (1-based) of the gallery's text blocks: a ``# %%`` line and the comment
+    lines that follow it."""
+    inside, found = False, set()
+    for number, line in enumerate(lines, 1):
+        if TEXT_BLOCK_START.match(line):
+            inside = True
+        elif not line.startswith("#"):
+            inside = False
+        if inside:
+            found.add(number)
+    return found
+
+
+def _comments(source):
+    """(first line, last line, column, msgid, inline) of every comment message."""
+    lines = _segment_lines(source)
+    text_lines = _text_block_lines(lines)
+    runs, current = [], None
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type != tokenize.COMMENT:
+            continue
+        number, column = token.start
+        if number in text_lines or SPECIAL_COMMENT.match(token.string):
+            current = None
+            continue
+        text = token.string[1:].strip()
+        inline = bool(lines[number - 1][:column].strip())
+        if inline:
+            runs.append([number, number, column, [text], True])
+            current = None
+        elif not text:
+            current = None
+        elif current and current[1] == number - 1 and current[2] == column:
+            current[1] = number
+            current[3].append(text)
+        else:
+            current = [number, number, column, [text], False]
+            runs.append(current)
+    return [(a, b, col, " ".join(texts), inline) for a, b, col, texts, inline in runs
+            if LETTERS.search(" ".join(texts))]
+
+
+def messages(source):
+    """Every message of a program, in file order."""
+    tree = ast.parse(source)
+    found = [Message("comment", text, first) for first, _, _, text, _ in _comments(source)]
+    _, docstrings = _docstrings(tree)
+    found += [Message("docstring", inspect.cleandoc(d.value), d.lineno) for d in docstrings]
+    found += [Message(kind, text, node.lineno) for node, kind, text in _strings(tree, source)]
+    return sorted(found, key=lambda m: m.line)
+
+
+# -- The program in another language ---------------------------------------------------------
+
+def _wrap(text, width):
+    """Lines of at most ``width`` display columns, broken at spaces or between wide characters."""
+    out, line = [], ""
+    for token in re.findall(r"[\u2e80-\u9fff\uff00-\uffef\u3000-\u303f]|[^\s\u2e80-\u9fff\uff00-\uffef\u3000-\u303f]+|\s+", text):
+        if token.isspace():
+            token = " "
+        if display_width(line + token) > width and line.strip():
+            out.append(line.rstrip())
+            line = "" if token == " " else token
+        else:
+            line += token
+    if line.strip():
+        out.append(line.rstrip())
+    return out
+
+
+def _quote_string(text, quote):
+    """A string literal holding ``text``, in the original's quote style where it can."""
+    literal = repr(text)
+    if quote in ('"', '"""') and literal.startswith("'") and '"' not in text:
+        literal = '"' + literal[1:-1].replace("\\'", "'") + '"'
+    return literal
+
+
+def _fstring_literal(body, quote):
+    q = quote if quote in ("'", '"') else '"'
+    fields = re.findall(r"\{[^{}]*\}", body.replace("{{", "").replace("}}", ""))
+    if q in body.replace("\\" + q, "") and not any(q in f for f in fields):
+        body = re.sub(r"(?<!\\)" + re.escape(q), "\\" + q, body)
+    return "f" + q + body + q
+
+
+def fields(fstring_body):
+    """The replacement fields of an f-string message, as the parser reads them."""
+    try:
+        tree = ast.parse("f" + repr(fstring_body)[0] + fstring_body + repr(fstring_body)[0], mode="eval")
+    except SyntaxError:
+        tree = ast.parse('f"""' + fstring_body + '"""', mode="eval")
+    return [ast.dump(v) for v in tree.body.values if isinstance(v, ast.FormattedValue)] \
+        if isinstance(tree.body, ast.JoinedStr) else []
+
+
+def translate(source, translations, *, strict=True):
+    """The program with every message replaced by its translation (``translations``:
+    msgid -> msgstr; an empty msgstr, or one equal to its msgid, keeps the original).
+    ``strict``: a message without an entry is an error, naming it."""
+    tree = ast.parse(source)
+    lines = _segment_lines(source)
+    missing, edits = [], []  # edits: (start, end, replacement) in character offsets
+
+    def lookup(msgid, line):
+        if msgid not in translations:
+            missing.append(f"line {line}: {msgid[:70]!r}")
+            return None
+        msgstr = translations[msgid]
+        return None if not msgstr or msgstr == msgid else msgstr
+
+    for first, last, column, text, inline in _comments(source):
+        if (msgstr := lookup(text, first)) is None:
+            continue
+        line = lines[first - 1]
+        if inline:
+            token_start = _comment_column(line, column)
+            start = _char_offset(lines, first, 0) + token_start
+            end = _char_offset(lines, first, 0) + len(line.rstrip("\r\n"))
+            edits.append((start, end, "# " + msgstr))
+        else:
+            indent = line[:column]
+            wrapped = _wrap(msgstr, WIDTH - display_width(indent) - 2)
+            start = _char_offset(lines, first, 0)
+            end = _char_offset(lines, last, 0) + len(lines[last - 1])
+            edits.append((start, end, "".join(f"{indent}# {w}\n" for w in wrapped)))
+
+    _, docstrings = _docstrings(tree)
+    for node in docstrings:
+        if (msgstr := lookup(inspect.cleandoc(node.value), node.lineno)) is None:
+            continue
+        start, end = _span(lines, node)
+        original = source[start:end]
+        prefix = re.match(r"[rRuU]?", original).group()
+        indent = " " * (len(lines[node.lineno - 1]) - len(lines[node.lineno - 1].lstrip()))
+        body = msgstr.split("\n")
+        if len(body) == 1 and "\n" not in original:
+            text = f'{prefix}"""{msgstr}"""'
+        else:
+            text = f'{prefix}"""' + body[0] + "".join("\n" + (indent + b if b else "") for b in body[1:])
+            text += f"\n{indent}\"\"\"" if original.rstrip('"').endswith("\n" + indent) else '"""'
+        if "\\" in msgstr and not prefix:
+            text = "r" + text if "r" not in prefix else text
+        edits.append((start, end, text))
+
+    for node, kind, text in _strings(tree, source):
+        if (msgstr := lookup(text, node.lineno)) is None:
+            continue
+        start, end = _span(lines, node)
+        quote = _pieces(source[start:end])[0][1]
+        if kind == "f-string":
+            if fields(msgstr) != fields(text):
+                raise ProgramTranslationError(
+                    f"line {node.lineno}: the translation of the f-string {text[:60]!r} must keep its"
+                    f" replacement fields, {fields(text)}; it has {fields(msgstr)}")
+            replacement = _fstring_literal(msgstr, quote)
+        else:
+            replacement = _quote_string(msgstr, quote)
+        edits.append((start, end, replacement))
+
+    if missing and strict:
+        raise ProgramTranslationError("messages without a translation:\n  " + "\n  ".join(missing))
+    out = source
+    for start, end, text in sorted(edits, reverse=True):
+        out = out[:start] + text + out[end:]
+    check_equivalent(source, out)
+    return out
+
+
+def _comment_column(line, column):
+    """Character column of a comment token (tokenize reports characters already)."""
+    return column
+
+
+# -- The invariant ------------------------------------------------------------------------------
+
+class _Mask(ast.NodeTransformer):
+    def visit_Constant(self, node):
+        return ast.Constant(value="") if isinstance(node.value, str) else node
+
+    def visit_FormattedValue(self, node):  # a format specification is code: kept as written
+        return ast.FormattedValue(value=self.visit(node.value), conversion=node.conversion,
+                                  format_spec=node.format_spec)
+
+    def visit_JoinedStr(self, node):
+        kept = [self.visit(v) for v in node.values if isinstance(v, ast.FormattedValue)]
+        return ast.JoinedStr(values=kept)
+
+
+def masked_tree(source):
+    """The program's syntax tree with string constants masked and f-strings reduced to
+    their replacement fields, as text."""
+    return ast.dump(_Mask().visit(ast.parse(source)), annotate_fields=False, include_attributes=False)
+
+
+def check_equivalent(original, rendering):
+    """Raise unless the two programs differ only in their strings (and comments)."""
+    try:
+        ast.parse(rendering)
+    except SyntaxError as error:
+        raise ProgramTranslationError(f"the translated program does not parse: line {error.lineno}:"
+                                      f" {error.msg}\n  {error.text}") from None
+    a, b = masked_tree(original), masked_tree(rendering)
+    if a != b:
+        at = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y) if a[: len(b)] != b[: len(a)] else min(len(a), len(b))
+        raise ProgramTranslationError(
+            "the translated program computes something else: its syntax tree, strings masked,"
+            f" differs from the original's at\n  original:   ...{a[max(0, at - 80):at + 80]}\n"
+            f"  translated: ...{b[max(0, at - 80):at + 80]}")
