@@ -154,6 +154,7 @@ cache-save: venv
 # Messages from the pages and the examples' text blocks into locale/zh_CN/*.po.
 translations: venv
 	$(SPHINXBUILD) -b gettext -D plot_gallery=0 -d $(BUILD)/doctrees/gettext source $(BUILD)/gettext
+	$(BIN)/python tools/program_messages.py extract $(BUILD)/gettext
 	$(BIN)/sphinx-intl update -p $(BUILD)/gettext -l zh_CN -d locale --line-width=-1
 	-$(BIN)/python tools/catalog_stats.py
 

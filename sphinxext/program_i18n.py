@@ -28,6 +28,7 @@ import ast
 import inspect
 import io
 import re
+import string
 import tokenize
 import unicodedata
 from dataclasses import dataclass
@@ -218,17 +219,24 @@ def _strings(tree, source):
         elif LETTERS.search(_literal_text(node) if kind == "f-string" else text) and (
                 PROSE.search(_literal_text(node) if kind == "f-string" else text) or _shown(node, parent)):
             candidates.append((node, kind, text))
-    kept = [c for c in candidates if c[2] not in data_texts and not _is_code(c[2])]
+    kept = [c for c in candidates if c[2] not in data_texts and not _is_code(c[2], c[1] == "f-string")]
     return sorted(kept, key=lambda c: (c[0].lineno, c[0].col_offset))
 
 
-def _is_code(text):
-    """Whether a string is Python source (a script run in a subprocess), not prose."""
+C_SOURCE = re.compile(r"#include|__global__|\bat::|[;{}]\s*$|\)\s*\{")
+
+
+def _is_code(text, fstring=False):
+    """Whether a string is source code (a script run in a subprocess, a C++ probe), not prose."""
+    literal = re.sub(r"\{[^{}]*\}", "x", text) if fstring else text
+    if C_SOURCE.search(literal):
+        return True
     try:
         tree = ast.parse(re.sub(r"\{[^{}]*\}", "x", text))
     except (SyntaxError, ValueError):
         return False
-    return any(isinstance(node, (ast.Call, ast.Import, ast.ImportFrom, ast.Assign)) for node in ast.walk(tree))
+    return any(isinstance(node, (ast.Import, ast.ImportFrom)) or isinstance(node, ast.Call)
+               and isinstance(node.func, ast.Attribute) for node in ast.walk(tree))  # x.f(...): code
 
 
 def _literal_text(joined):
@@ -290,20 +298,68 @@ def messages(source):
 
 # -- The program in another language ---------------------------------------------------------
 
-def _wrap(text, width):
-    """Lines of at most ``width`` display columns, broken at spaces or between wide characters."""
-    out, line = [], ""
-    for token in re.findall(r"[\u2e80-\u9fff\uff00-\uffef\u3000-\u303f]|[^\s\u2e80-\u9fff\uff00-\uffef\u3000-\u303f]+|\s+", text):
-        if token.isspace():
-            token = " "
-        if display_width(line + token) > width and line.strip():
-            out.append(line.rstrip())
-            line = "" if token == " " else token
+WIDE = "\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef\u3000-\u303f"
+TOKEN = re.compile(f"[{WIDE}]|[^\\s{WIDE}]+|\\s+")
+NO_LINE_START = set("，。、；：！？）」』》】〉…%")  # Chinese line-breaking rules (kinsoku)
+NO_LINE_END = set("（「『《【〈")
+
+
+def _breakable(tokens, i):
+    """Whether a line may end before ``tokens[i]``."""
+    before, after = tokens[i - 1], tokens[i]
+    return not (after[0] in NO_LINE_START or before[-1] in NO_LINE_END or before.endswith("\\"))
+
+
+def _lines_of(text, width, tokens=None, lossless=False):
+    """Lines of at most ``width`` display columns, broken at spaces or between wide
+    characters, never before a closing or after an opening Chinese punctuation mark.
+    ``lossless``: the lines join back to the text (a string split into literals)."""
+    tokens = tokens or TOKEN.findall(text)
+    out, line = [], []
+    for i, token in enumerate(tokens):
+        if line and display_width("".join(line) + token) > width and "".join(line).strip() \
+                and _breakable(tokens, i):
+            out.append("".join(line))
+            line = [token] if lossless or not token.isspace() else []
         else:
-            line += token
-    if line.strip():
-        out.append(line.rstrip())
+            line.append(token)
+    if "".join(line).strip():
+        out.append("".join(line))
     return out
+
+
+def _wrap(text, width):
+    """A comment's lines: words and wide characters, spaces folded, no trailing space."""
+    tokens = [" " if t.isspace() else t for t in TOKEN.findall(text)]
+    return [line.strip() for line in _lines_of(text, width, tokens)]
+
+
+def _fstring_tokens(body):
+    """Tokens of an f-string's source text, each field (with its braces) one token."""
+    tokens, i = [], 0
+    while i < len(body):
+        if body.startswith(("{{", "}}"), i):
+            tokens.append(body[i:i + 2])
+            i += 2
+        elif body[i] == "{":
+            depth, j = 0, i
+            while True:
+                depth += {"{": 1, "}": -1}.get(body[j], 0)
+                j += 1
+                if depth == 0 or j >= len(body):
+                    break
+            tokens.append(body[i:j])
+            i = j
+        elif body[i] == "\\":
+            tokens.append(body[i:i + 2])
+            i += 2
+        else:
+            match = TOKEN.match(body, i)
+            text = match.group()
+            cut = min([k for k in (text.find("{"), text.find("\\")) if k > 0], default=len(text))
+            tokens.append(text[:cut])
+            i += cut
+    return tokens
 
 
 def _quote_string(text, quote):
@@ -322,14 +378,36 @@ def _fstring_literal(body, quote):
     return "f" + q + body + q
 
 
+def _literals(msgstr, kind, quote, column, joiner):
+    """The source of a translated string: one literal, or where the original ran over
+    several lines, literals of at most WIDTH columns from ``column`` on, joined by ``joiner``."""
+    width = max(20, WIDTH - column - 4)
+    if kind == "f-string":
+        pieces = _lines_of(msgstr, width, _fstring_tokens(msgstr), lossless=True) if joiner else [msgstr]
+        return joiner.join(_fstring_literal(piece, quote) for piece in pieces)
+    pieces = _lines_of(msgstr, width, TOKEN.findall(msgstr), lossless=True) if joiner else [msgstr]
+    pieces = [p for p in pieces if p] or [""]
+    if joiner and "\n" in msgstr:  # a new line in the text ends its literal, as in the original
+        pieces = [q for p in pieces for q in re.split(r"(?<=\n)", p) if q]
+    return joiner.join(_quote_string(piece, quote) for piece in pieces)
+
+
+def format_fields(text):
+    """The str.format fields of a plain string (for "{}.{}".format(...)), or [] if it has none."""
+    try:
+        return sorted((f, s, c) for _, f, s, c in string.Formatter().parse(text) if f is not None)
+    except ValueError:
+        return []
+
+
 def fields(fstring_body):
     """The replacement fields of an f-string message, as the parser reads them."""
     try:
         tree = ast.parse("f" + repr(fstring_body)[0] + fstring_body + repr(fstring_body)[0], mode="eval")
     except SyntaxError:
         tree = ast.parse('f"""' + fstring_body + '"""', mode="eval")
-    return [ast.dump(v) for v in tree.body.values if isinstance(v, ast.FormattedValue)] \
-        if isinstance(tree.body, ast.JoinedStr) else []
+    return sorted(ast.dump(v) for v in tree.body.values if isinstance(v, ast.FormattedValue)) \
+        if isinstance(tree.body, ast.JoinedStr) else []  # sorted: a translation may reorder them
 
 
 def translate(source, translations, *, strict=True):
@@ -351,11 +429,17 @@ def translate(source, translations, *, strict=True):
         if (msgstr := lookup(text, first)) is None:
             continue
         line = lines[first - 1]
-        if inline:
-            token_start = _comment_column(line, column)
-            start = _char_offset(lines, first, 0) + token_start
+        if inline and display_width(line[:column] + "# " + msgstr) <= WIDTH:
+            start = _char_offset(lines, first, 0) + column
             end = _char_offset(lines, first, 0) + len(line.rstrip("\r\n"))
             edits.append((start, end, "# " + msgstr))
+        elif inline:  # too long after its code: the comment goes on the lines above it
+            code = line[:column].rstrip()
+            indent = code[: len(code) - len(code.lstrip())]
+            wrapped = _wrap(msgstr, WIDTH - display_width(indent) - 2)
+            start = _char_offset(lines, first, 0)  # two edits, so that the code's own strings are
+            edits.append((start, start, "".join(f"{indent}# {w}\n" for w in wrapped)))  # edited too
+            edits.append((start + len(code), start + len(line.rstrip("\r\n")), ""))
         else:
             indent = line[:column]
             wrapped = _wrap(msgstr, WIDTH - display_width(indent) - 2)
@@ -385,16 +469,21 @@ def translate(source, translations, *, strict=True):
         if (msgstr := lookup(text, node.lineno)) is None:
             continue
         start, end = _span(lines, node)
-        quote = _pieces(source[start:end])[0][1]
-        if kind == "f-string":
-            if fields(msgstr) != fields(text):
-                raise ProgramTranslationError(
-                    f"line {node.lineno}: the translation of the f-string {text[:60]!r} must keep its"
-                    f" replacement fields, {fields(text)}; it has {fields(msgstr)}")
-            replacement = _fstring_literal(msgstr, quote)
-        else:
-            replacement = _quote_string(msgstr, quote)
-        edits.append((start, end, replacement))
+        original = source[start:end]
+        quote = _pieces(original)[0][1]
+        if kind == "f-string" and fields(msgstr) != fields(text):
+            raise ProgramTranslationError(
+                f"line {node.lineno}: the translation of the f-string {text[:60]!r} must keep its"
+                f" replacement fields, {fields(text)}; it has {fields(msgstr)}")
+        if kind == "string" and format_fields(msgstr) != format_fields(text):
+            raise ProgramTranslationError(
+                f"line {node.lineno}: the translation of {text[:60]!r} must keep its str.format"
+                f" fields, {format_fields(text)}; it has {format_fields(msgstr)}")
+        column = len(lines[node.lineno - 1].encode("utf-8")[: node.col_offset].decode("utf-8"))
+        joiner = ""
+        if "\n" in original:  # the original ran over lines: so does its translation
+            joiner = (" \\\n" if "\\\n" in original else "\n") + " " * column
+        edits.append((start, end, _literals(msgstr, kind, quote, column, joiner)))
 
     if missing and strict:
         raise ProgramTranslationError("messages without a translation:\n  " + "\n  ".join(missing))
@@ -403,11 +492,6 @@ def translate(source, translations, *, strict=True):
         out = out[:start] + text + out[end:]
     check_equivalent(source, out)
     return out
-
-
-def _comment_column(line, column):
-    """Character column of a comment token (tokenize reports characters already)."""
-    return column
 
 
 # -- The invariant ------------------------------------------------------------------------------
@@ -420,9 +504,9 @@ class _Mask(ast.NodeTransformer):
         return ast.FormattedValue(value=self.visit(node.value), conversion=node.conversion,
                                   format_spec=node.format_spec)
 
-    def visit_JoinedStr(self, node):
+    def visit_JoinedStr(self, node):  # its fields, in any order: a translation may reorder them
         kept = [self.visit(v) for v in node.values if isinstance(v, ast.FormattedValue)]
-        return ast.JoinedStr(values=kept)
+        return ast.JoinedStr(values=sorted(kept, key=ast.dump))
 
 
 def masked_tree(source):

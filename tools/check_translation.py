@@ -48,6 +48,7 @@ class Message:
     catalog: str  # relative to locale/zh_CN/LC_MESSAGES, e.g. "lectures/lecture05_gpus.po"
     id: str
     string: str
+    program: bool = False  # a message of an example's program (context "program"): not markup
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,8 @@ def translated_messages(locale=LOCALE):
         with open(po_file, "rb") as f:
             catalog = read_po(f)
         name = po_file.relative_to(locale).as_posix()
-        found += [Message(name, m.id, m.string) for m in catalog if m.id and m.string and not m.fuzzy]
+        found += [Message(name, m.id, m.string, m.context == "program")
+                  for m in catalog if m.id and m.string and not m.fuzzy]
     return found
 
 
@@ -150,7 +152,7 @@ def markup_findings(messages):
     """Translations that dropped, added or changed a piece of markup of their original."""
     found = []
     for msg in messages:
-        if is_display_math(msg.id):
+        if is_display_math(msg.id) and not msg.program:  # a program's f-string has _ and = in its fields
             if normalise_math(msg.id) != normalise_math(msg.string):
                 found.append(Finding(msg.catalog, msg.id, "markup", "the formula differs from the original"))
             continue
@@ -176,7 +178,7 @@ def rst_findings(messages):
 
     found = []
     for msg in messages:
-        if not msg.catalog.startswith("auto_examples/"):
+        if not msg.catalog.startswith("auto_examples/") or msg.program:  # a program's text is not rst
             continue
         report = io.StringIO()
         # Sphinx's roles are unknown to plain docutils: any known role parses the same.
@@ -236,12 +238,16 @@ def terminology_findings(messages, glossary=None):
 
 def _terminology_of(msg, terms, rejected, excused, units):
     """(detail, term) for each terminology problem of one message."""
-    display = is_display_math(msg.id)
+    display = is_display_math(msg.id) and not msg.program
     for tex in english_in_math(f"$${msg.string}$$" if display else msg.string, units):
         yield f"English left in math: {tex}", ""
     if display:
         return
     source, translation = prose(msg.id), prose(msg.string)
+    if msg.program and msg.string == msg.id:  # kept as it is: a string the code computes with
+        return
+    if msg.program:  # an f-string's fields are code: {recompute} is not the word recomputation
+        source, translation = (re.sub(r"\{[^{}]*\}", "0", t) for t in (source, translation))
     for rule, patterns in rejected:
         variant = next((label for label, pattern in patterns if pattern.search(translation)), None)
         if variant:
@@ -347,7 +353,7 @@ def typography_findings(messages):
     """CJK typography of every translation, by autocorrect-py and our own rules."""
     found = []
     for msg in messages:
-        if is_display_math(msg.id) or not re.search(f"[{CJK}]|`", msg.string):
+        if (is_display_math(msg.id) and not msg.program) or not re.search(f"[{CJK}]|`", msg.string):
             continue
         masked, originals = mask_for_lint(msg.string)
         # Without Chinese left, autocorrect-py takes the text for English and asks for
@@ -356,7 +362,7 @@ def typography_findings(messages):
         if corrected != masked:
             found.append(Finding(msg.catalog, msg.id, "typography",
                                  f"autocorrect-py: {_first_difference(masked, corrected, originals)}"))
-        rules = OWN_RULES + (RST_RULES if msg.catalog.startswith("auto_examples/") else [])
+        rules = OWN_RULES + (RST_RULES if msg.catalog.startswith("auto_examples/") and not msg.program else [])
         for pattern, rule in rules:
             for m in pattern.finditer(masked):
                 context = masked[max(0, m.start() - 12):m.end() + 12]

@@ -92,6 +92,10 @@ def apply(example, new, root=CATALOGS):
     with path.open("rb") as f:
         catalog = read_po(f)
     lines = {m.msgid: m for m in program_i18n.messages(example.read_text(encoding="utf-8"))}
+    for message in list(catalog):  # a message the program no longer has goes, as make translations would
+        if message.context == program_i18n.CONTEXT and message.id not in lines:
+            catalog.delete(message.id, context=program_i18n.CONTEXT)
+    merged = {k: v for k, v in merged.items() if k in lines}
     for msgid, msgstr in merged.items():
         message = lines[msgid]
         if (msgid, program_i18n.CONTEXT) in catalog._messages:

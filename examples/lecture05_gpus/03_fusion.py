@@ -338,7 +338,7 @@ for index, name in enumerate(CHAINS):
         ax.plot(position, row["bytes"] / COPY_BANDWIDTH * 1e3, "k_", markersize=22,
                 markeredgewidth=2, label="predicted: bytes / copy bandwidth" if
                 index == 0 and version == "eager" else None)
-        ax.annotate(f"{row['kernels']} kernel" + ("s" if row["kernels"] > 1 else ""),
+        ax.annotate(f"{row['kernels']} kernels" if row["kernels"] > 1 else "1 kernel",
                     (position, row["seconds"] * 1e3), ha="center", va="bottom", fontsize=8)
 ax.set_xticks(range(len(CHAINS)), list(CHAINS))
 ax.set_ylabel("time per call (ms)")
