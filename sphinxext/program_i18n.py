@@ -217,13 +217,14 @@ def _strings(tree, source):
         if _used_as_data(node, parent):
             data_texts.add(text)
         elif LETTERS.search(_literal_text(node) if kind == "f-string" else text) and (
-                PROSE.search(_literal_text(node) if kind == "f-string" else text) or _shown(node, parent)):
+                PROSE.search(_with_fields_as_words(text) if kind == "f-string" else text)
+                or _shown(node, parent)):
             candidates.append((node, kind, text))
     kept = [c for c in candidates if c[2] not in data_texts and not _is_code(c[2], c[1] == "f-string")]
     return sorted(kept, key=lambda c: (c[0].lineno, c[0].col_offset))
 
 
-C_SOURCE = re.compile(r"#include|__global__|\bat::|[;{}]\s*$|\)\s*\{")
+C_SOURCE = re.compile(r"#include|__global__|\bat::|\)\s*\{|;\s*\}")
 
 
 def _is_code(text, fstring=False):
@@ -237,6 +238,11 @@ def _is_code(text, fstring=False):
         return False
     return any(isinstance(node, (ast.Import, ast.ImportFrom)) or isinstance(node, ast.Call)
                and isinstance(node.func, ast.Attribute) for node in ast.walk(tree))  # x.f(...): code
+
+
+def _with_fields_as_words(body):
+    """An f-string's text with each field read as a word: "step {k}, rank {r}" is prose."""
+    return re.sub(r"\{[^{}]*\}", "Xx", body.replace("{{", "").replace("}}", ""))
 
 
 def _literal_text(joined):
