@@ -111,8 +111,10 @@ serve: venv
 
 # Three workers on two cores, each taking whole groups of tests in the order
 # tests/conftest.py gives: while one waits for the site build, two keep the cores busy.
+# The virtual environment and the browser tools install side by side (pip and apt-get).
 TEST_WORKERS ?= 3
-test: venv browser-deps
+test:
+	@$(MAKE) --no-print-directory -j2 venv browser-deps
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder tests
 
 # The browser tests drive Debian's Chromium (Playwright cannot download its own

@@ -15,6 +15,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -119,6 +120,33 @@ def pytest_configure(config):
         folder = Path(tempfile.mkdtemp(prefix="course-suite-"))
         os.environ["COURSE_TEST_MARGINS"] = str(folder / "margins.jsonl")
         os.environ["COURSE_TEST_GROUPS"] = str(folder / "groups.json")
+        os.environ["COURSE_TEST_TIMELINE"] = str(folder / "timeline.jsonl")
+        os.environ["COURSE_TEST_START"] = repr(time.time())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item):
+    """When each test ran, and on which worker: the summary's timeline of the groups."""
+    start = time.time()
+    yield
+    if path := os.environ.get("COURSE_TEST_TIMELINE"):
+        entry = {"worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "group": group_of(item),
+                 "start": start, "end": time.time()}
+        with FileLock(path + ".lock"), open(path, "a", encoding="utf-8") as log:
+            log.write(json.dumps(entry) + "\n")
+
+
+def timeline():
+    """(worker, group, first start, last end) in seconds from the session's start, in order."""
+    path = Path(os.environ.get("COURSE_TEST_TIMELINE", "/nonexistent"))
+    zero = float(os.environ.get("COURSE_TEST_START", "0"))
+    spans = {}
+    for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
+        e = json.loads(line)
+        key = (e["worker"], e["group"])
+        first, last = spans.get(key, (e["start"], e["end"]))
+        spans[key] = (min(first, e["start"]), max(last, e["end"]))
+    return sorted(((w, g, a - zero, b - zero) for (w, g), (a, b) in spans.items()), key=lambda r: (r[0], r[2]))
 
 
 def record_margins(cell, rows, seconds=0.0):
@@ -139,9 +167,18 @@ def recorded_margins():
     return margins, seconds
 
 
+def _clock(seconds):
+    return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
+
+
 def pytest_terminal_summary(terminalreporter):
     if hasattr(terminalreporter.config, "workerinput"):
         return
+    if spans := timeline():
+        terminalreporter.section("when each group of tests ran (minutes:seconds from the start)")
+        for worker, group, start, end in spans:
+            if end - start >= 20:  # the short ones would drown the path
+                terminalreporter.write_line(f"{worker}  {_clock(start)} - {_clock(end)}  {group}")
     margins, seconds = recorded_margins()
     rows = sorted((row for cell in margins.values() for row in cell), key=lambda row: -row["use"])
     if not rows:
