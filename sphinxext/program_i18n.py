@@ -1,7 +1,7 @@
 """An example's program in another language: its messages, and the program rebuilt from their translations.
 
-The Chinese edition runs a Chinese rendering of each example, made from the English
-file and the example's catalog. What a reader sees is translated; what the code
+A Chinese rendering of each example is made from the English file and the example's
+catalog (tools/program_messages.py). What a reader sees is translated; what the code
 computes with is not:
 
 * **comment**: a run of full-line comments in code (not in a gallery text block), one
@@ -14,14 +14,20 @@ computes with is not:
   quotes, replacement fields included, and the translation keeps the same fields.
 
 A string is never a message where the code uses it as data: a dictionary key, an index,
-an operand of a comparison, ``in`` or a ``match`` case, or a keyword argument that an
-API reads (``mode="max-autotune"``); nor anywhere else in the file where the same text
-is used so. A translation equal to its message keeps the original text as it was.
+an operand of a comparison, ``in`` or a ``match`` case, a keyword argument that an API
+reads (``mode="max-autotune"``), an argument of a string method or of a file, process or
+logger call (``DATA_CALLS``), or source code in a string; nor anywhere else in the file
+where the same text is used so. A translation equal to its message keeps the original.
 
-The invariant that makes the rendering safe: its syntax tree equals the English one
-once every string constant is masked and each f-string is reduced to its replacement
-fields (:func:`masked_tree`). Comments are not in the tree at all. So the two programs
-compute the same thing, and only what they print and draw differs.
+The invariant: the rendering's syntax tree equals the English one once every string
+constant is masked, each f-string is reduced to its replacement fields (in any order)
+and format specifications are kept (:func:`masked_tree`). Comments are not in the tree
+at all. So the two programs run the same operations on the same values, and differ
+only in their strings. That is not yet a proof that they print the same numbers: a
+translated string that the code went on to compare or look up (through a variable, out
+of the rules' sight) would change what runs. Equal messages get equal translations,
+which keeps such comparisons between two translated strings intact; running the
+Chinese programs is what settles the rest.
 """
 
 import ast
