@@ -82,26 +82,26 @@ def pending(example, root=CATALOGS):
 
 def apply(example, new, root=CATALOGS):
     """Write ``new`` (msgid -> msgstr) into the example's catalog, once the program renders with it."""
-    known = {m.msgid for m in program_i18n.messages(example.read_text(encoding="utf-8"))}
-    unknown = sorted(set(new) - known - {"_notes"})
+    source = example.read_text(encoding="utf-8")
+    current = {m.msgid: m for m in program_i18n.messages(source)}
+    new = {k: v for k, v in new.items() if k != "_notes"}
+    unknown = sorted(set(new) - set(current))
     if unknown:
         raise SystemExit("not messages of " + example.name + ":\n  " + "\n  ".join(map(repr, unknown[:20])))
-    merged = {**translations(example, root), **{k: v for k, v in new.items() if k != "_notes" and v}}
-    program_i18n.translate(example.read_text(encoding="utf-8"), merged, strict=False)  # raises on a bad one
+    merged = {**translations(example, root), **{k: v for k, v in new.items() if v}}
+    merged = {k: v for k, v in merged.items() if k in current}
+    program_i18n.translate(source, merged, strict=False)  # raises on a bad one
     path = catalog_path(example, root)
     with path.open("rb") as f:
         catalog = read_po(f)
-    lines = {m.msgid: m for m in program_i18n.messages(example.read_text(encoding="utf-8"))}
     for message in list(catalog):  # a message the program no longer has goes, as make translations would
-        if message.context == program_i18n.CONTEXT and message.id not in lines:
+        if message.context == program_i18n.CONTEXT and message.id not in current:
             catalog.delete(message.id, context=program_i18n.CONTEXT)
-    merged = {k: v for k, v in merged.items() if k in lines}
     for msgid, msgstr in merged.items():
-        message = lines[msgid]
-        if (msgid, program_i18n.CONTEXT) in catalog._messages:
-            catalog.get(msgid, context=program_i18n.CONTEXT).string = msgstr
+        if entry := catalog.get(msgid, context=program_i18n.CONTEXT):
+            entry.string = msgstr
         else:
-            catalog.add(msgid, msgstr, auto_comments=[NOTES[message.kind]], context=program_i18n.CONTEXT)
+            catalog.add(msgid, msgstr, auto_comments=[NOTES[current[msgid].kind]], context=program_i18n.CONTEXT)
     with path.open("wb") as f:
         write_po(f, catalog, width=0)
     return len(merged)
