@@ -56,7 +56,9 @@ os.environ["TORCH_EXTENSIONS_DIR"] = tempfile.mkdtemp(prefix="course-extensions-
 # group is its xdist_group mark, or else its file's name; the files not named here go
 # between the first groups and the groups that read the site.
 FIRST = ["site", "builds"]  # "builds", the longest, waits for the site on a worker of its own
-SITE_READERS = ["portability-reader", "portability-newest", "publishing", "cache", "browser",
+# The browser tests before the shorter ones: in the last run they began last and ran alone
+# for five minutes while two workers idled.
+SITE_READERS = ["portability-reader", "portability-newest", "browser", "publishing", "cache",
                 "links", "code_links"]
 
 

@@ -10,7 +10,7 @@ cells, one process per example, and logs the margin use of every ``assert_close`
 | --- | --- | --- | --- | --- | --- |
 | site build | tests/conftest.py | none beyond SSE4 (``ATEN_CPU_CAPABILITY=default``, MKL's and oneDNN's likewise) | 2 | pins | ``make html`` |
 | reader, loaded | here | AVX2 (PyTorch's, MKL's and oneDNN's) | 1 | pins | the downloaded ``.py`` in an empty folder, no variables; two runs at a time, beside the suite's other workers and a lowest-priority busy loop on every core |
-| newest | here | the machine's own (AVX-512 where it has it) | 1 | the newest triton and numpy on PyPI | the downloads that import triton or numpy or compile with Inductor (``uses_the_newest``), as a reader, two at a time |
+| newest | here | the machine's own (AVX-512 where it has it) | 1 | the newest triton and numpy on PyPI | the downloads, as a reader, two at a time |
 | no Triton, no C++ | tests/test_strict_builds.py | the machine's own | 1 | pins | ``import triton`` fails; ``CXX=/bin/false`` (a compiler missing from PATH: its probe, by itself) |
 
 Each cell fails a test when an example fails, or when one of its checks uses more
@@ -19,7 +19,6 @@ CPU the examples report them, and excuse them when other programs took the cores
 ``make test`` prints the worst margins of every cell at the end.
 """
 
-import ast
 import os
 import subprocess
 import sys
@@ -38,23 +37,6 @@ import check_margins
 
 RUNNER = REPO / "tools" / "run_as_reader.py"
 NEWEST = ("triton", "numpy")  # what a reader who installs today gets beside the pinned torch
-
-
-def uses_the_newest(example):
-    """Whether an example can meet the newest triton or numpy: it imports one of them, or
-    compiles with Inductor (which imports Triton). The others reach them only through
-    torch and matplotlib, as these do too."""
-    tree = ast.parse(example.read_text(encoding="utf-8"))
-    modules = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
-               for alias in node.names}
-    modules |= {node.module.split(".")[0] for node in ast.walk(tree)
-                if isinstance(node, ast.ImportFrom) and node.module}
-    compiles = any(isinstance(node, ast.Attribute) and node.attr in ("compile", "_inductor")
-                   and isinstance(node.value, ast.Name) and node.value.id == "torch" for node in ast.walk(tree))
-    return bool(modules & set(NEWEST)) or compiles
-
-
-NEWEST_EXAMPLES = [e for e in EXAMPLES if uses_the_newest(e)]
 
 
 @dataclass
@@ -172,8 +154,7 @@ def newest_cell(site, tmp_path_factory):
                     f" {installed.stderr.strip().splitlines()[-1:]}")
     versions = sorted(p.name.removesuffix(".dist-info") for p in (overlay / "site").glob("*.dist-info"))
     print("newest releases:", ", ".join(versions))
-    scripts = [s for s in downloaded_into_empty_folders(site, overlay / "downloads")
-               if s.stem in {e.stem for e in NEWEST_EXAMPLES}]
+    scripts = downloaded_into_empty_folders(site, overlay / "downloads")
     return versions, run_cell("newest", scripts, overlay,
                               reader_env(overlay / "inductor", PYTHONPATH=str(overlay / "site"),
                                          OMP_NUM_THREADS="1"), at_once=2)
@@ -189,7 +170,7 @@ def _check(run, stem):
 def _every_run_checks_numbers(runs):
     """The log sees the checks: a cell with no margin rows would prove nothing."""
     checked = [stem for stem, run in runs.items() if run.margins]
-    assert len(checked) >= len(runs) - 2, sorted(set(runs) - set(checked))
+    assert len(checked) >= len(EXAMPLES) - 2, sorted(set(runs) - set(checked))
 
 
 @pytest.mark.xdist_group("portability-reader")
@@ -203,15 +184,8 @@ def test_the_reader_cell_checks_numbers(reader_cell):
     _every_run_checks_numbers(reader_cell)
 
 
-def test_the_newest_cell_takes_the_examples_that_import_what_it_changes():
-    stems = {e.stem for e in NEWEST_EXAMPLES}
-    assert {"04_triton_basics", "07_triton_backward", "06_torch_compile", "01_collectives"} <= stems
-    assert not stems & {"01_roofline", "02_data_parallel", "03_cuda_kernels"}, stems
-    assert len(stems) >= len(EXAMPLES) // 2
-
-
 @pytest.mark.xdist_group("portability-newest")
-@pytest.mark.parametrize("example", NEWEST_EXAMPLES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
 def test_the_newest_releases_run_with_headroom(newest_cell, example):
     versions, runs = newest_cell
     assert any(v.startswith("triton-") for v in versions), versions
