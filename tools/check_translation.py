@@ -118,6 +118,11 @@ def is_display_math(msgid):
     return not re.search(r"[A-Za-z]{3,} [A-Za-z]{3,}", words)
 
 
+def is_formula(msg):
+    """A message that is display math; never a program's, whose f-string fields hold _ and =."""
+    return not msg.program and is_display_math(msg.id)
+
+
 def normalise_math(tex):
     """Math as the parity check compares it: the words inside \\text{} may be translated."""
     return re.sub(r"\s+", " ", TEXT_IN_MATH.sub(lambda m: m.group(0).split("{")[0] + "{}", tex)).strip()
@@ -152,7 +157,7 @@ def markup_findings(messages):
     """Translations that dropped, added or changed a piece of markup of their original."""
     found = []
     for msg in messages:
-        if is_display_math(msg.id) and not msg.program:  # a program's f-string has _ and = in its fields
+        if is_formula(msg):
             if normalise_math(msg.id) != normalise_math(msg.string):
                 found.append(Finding(msg.catalog, msg.id, "markup", "the formula differs from the original"))
             continue
@@ -238,7 +243,7 @@ def terminology_findings(messages, glossary=None):
 
 def _terminology_of(msg, terms, rejected, excused, units):
     """(detail, term) for each terminology problem of one message."""
-    display = is_display_math(msg.id) and not msg.program
+    display = is_formula(msg)
     for tex in english_in_math(f"$${msg.string}$$" if display else msg.string, units):
         yield f"English left in math: {tex}", ""
     if display:
@@ -353,7 +358,7 @@ def typography_findings(messages):
     """CJK typography of every translation, by autocorrect-py and our own rules."""
     found = []
     for msg in messages:
-        if (is_display_math(msg.id) and not msg.program) or not re.search(f"[{CJK}]|`", msg.string):
+        if is_formula(msg) or not re.search(f"[{CJK}]|`", msg.string):
             continue
         masked, originals = mask_for_lint(msg.string)
         # Without Chinese left, autocorrect-py takes the text for English and asks for
