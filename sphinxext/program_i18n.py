@@ -252,7 +252,43 @@ def _with_fields_as_words(body):
 
 
 def _literal_text(joined):
-    return " ".join(v.value for v in joined.values if isinstance(v, ast.Constant))
+    """An f-string's own text: its literal parts and the labels of its label fields."""
+    return " ".join(v.value if isinstance(v, ast.Constant) else v.value.value
+                    for v in joined.values if isinstance(v, ast.Constant) or is_label_field(v))
+
+
+def is_label_field(node):
+    """A replacement field that formats a string constant, such as a table's column header
+    ``{'time ms':>9}``: it computes nothing, so its text and its width are the message's,
+    and a translation may change both (a wide character takes two columns)."""
+    return (isinstance(node, ast.FormattedValue) and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str) and node.conversion == -1
+            and (node.format_spec is None or all(isinstance(v, ast.Constant) for v in node.format_spec.values)))
+
+
+def _label_spec(node):
+    return "".join(v.value for v in node.format_spec.values) if node.format_spec else ""
+
+
+def label_fields(fstring_body):
+    """The (label, format spec) of each label field of an f-string message, in order."""
+    tree = _fstring_tree(fstring_body)
+    if not isinstance(tree, ast.JoinedStr):
+        return []
+    return [(v.value.value, _label_spec(v)) for v in tree.values if is_label_field(v)]
+
+
+def label_width_problems(msgid, msgstr):
+    """Label fields of a translation that print wider or narrower than the original's, in
+    display columns: ``{'time ms':>9}`` takes 9 columns, so its translation must too."""
+    problems = []
+    for (en, en_spec), (zh, zh_spec) in zip(label_fields(msgid), label_fields(msgstr)):
+        want, got = display_width(format(en, en_spec)), display_width(format(zh, zh_spec))
+        if got != want and display_width(zh) <= want:
+            fix = re.sub(r"\d+", str(want - (display_width(zh) - len(zh))), en_spec, count=1)
+            problems.append(f"{{{zh!r}:{zh_spec}}} takes {got} columns and {{{en!r}:{en_spec}}}"
+                            f" {want}: write {{{zh!r}:{fix}}}")
+    return problems
 
 
 def _text_block_lines(lines):
@@ -412,14 +448,61 @@ def format_fields(text):
         return []
 
 
-def fields(fstring_body):
-    """The replacement fields of an f-string message, as the parser reads them."""
+def _fstring_tree(fstring_body):
     try:
         tree = ast.parse("f" + repr(fstring_body)[0] + fstring_body + repr(fstring_body)[0], mode="eval")
     except SyntaxError:
         tree = ast.parse('f"""' + fstring_body + '"""', mode="eval")
-    return sorted(ast.dump(v) for v in tree.body.values if isinstance(v, ast.FormattedValue)) \
-        if isinstance(tree.body, ast.JoinedStr) else []  # sorted: a translation may reorder them
+    return tree.body
+
+
+def fields(fstring_body):
+    """The replacement fields of an f-string message, as the parser reads them; a label
+    field counts as a label, whatever its text and width (:func:`is_label_field`)."""
+    tree = _fstring_tree(fstring_body)
+    if not isinstance(tree, ast.JoinedStr):
+        return []
+    return sorted("label" if is_label_field(v) else ast.dump(v)  # sorted: a translation may
+                  for v in tree.values if isinstance(v, ast.FormattedValue))  # reorder them
+
+
+def _prefix(fstring_body):
+    """The text an f-string prints before its first field, or None."""
+    match = re.match(r"((?:[^{]|\{\{)*)\{(?!\{)", fstring_body)
+    return match[1].replace("{{", "{") if match else None
+
+
+def label_column_groups(messages):
+    """Runs of f-string messages on consecutive lines whose English pads a label so that
+    the values line up ("CPU           : {cpu}" over "torch threads : {n}"): their values
+    start at one column, and so must their translations'."""
+    groups, current = [], []
+    for message in messages:
+        prefix = _prefix(message.msgid) if message.kind == "f-string" else None
+        aligned = prefix is not None and re.search(r"\S\s*:\s*$", prefix)
+        if aligned and current and message.line == current[-1].line + 1 \
+                and display_width(prefix) == display_width(_prefix(current[-1].msgid)):
+            current.append(message)
+            continue
+        if len(current) > 1 and any("  " in _prefix(m.msgid) for m in current):
+            groups.append(current)
+        current = [message] if aligned else []
+    if len(current) > 1 and any("  " in _prefix(m.msgid) for m in current):
+        groups.append(current)
+    return groups
+
+
+def label_column_problems(source, translations):
+    """Padded labels whose translations no longer line their values up, in display columns."""
+    problems = []
+    for group in label_column_groups(messages(source)):
+        texts = [translations.get(m.msgid) or m.msgid for m in group]
+        columns = [display_width(_prefix(t) or "") for t in texts]
+        if len(set(columns)) > 1:
+            problems.append(f"line {group[0].line}: values start at columns {columns} in the translations of "
+                            + ", ".join(repr(m.msgid[:30]) for m in group) + "; pad each label to one width"
+                            " (a Chinese character takes two columns)")
+    return problems
 
 
 def translate(source, translations, *, strict=True):
@@ -487,6 +570,10 @@ def translate(source, translations, *, strict=True):
             raise ProgramTranslationError(
                 f"line {node.lineno}: the translation of the f-string {text[:60]!r} must keep its"
                 f" replacement fields, {fields(text)}; it has {fields(msgstr)}")
+        if kind == "f-string" and (wrong := label_width_problems(text, msgstr)):
+            raise ProgramTranslationError(
+                f"line {node.lineno}: the translation of the f-string {text[:60]!r} misaligns its"
+                " columns: " + "; ".join(wrong))
         if kind == "string" and format_fields(msgstr) != format_fields(text):
             raise ProgramTranslationError(
                 f"line {node.lineno}: the translation of {text[:60]!r} must keep its str.format"
@@ -499,6 +586,8 @@ def translate(source, translations, *, strict=True):
 
     if missing and strict:
         raise ProgramTranslationError("messages without a translation:\n  " + "\n  ".join(missing))
+    if misaligned := label_column_problems(source, translations):
+        raise ProgramTranslationError("columns out of line:\n  " + "\n  ".join(misaligned))
     out = source
     for start, end, text in sorted(edits, reverse=True):
         out = out[:start] + text + out[end:]
@@ -512,7 +601,9 @@ class _Mask(ast.NodeTransformer):
     def visit_Constant(self, node):
         return ast.Constant(value="") if isinstance(node.value, str) else node
 
-    def visit_FormattedValue(self, node):  # a format specification is code: kept as written
+    def visit_FormattedValue(self, node):  # a format specification is code: kept as written,
+        if is_label_field(node):  # except a label's, whose width is its text's
+            return ast.FormattedValue(value=ast.Constant(value=""), conversion=-1, format_spec=None)
         return ast.FormattedValue(value=self.visit(node.value), conversion=node.conversion,
                                   format_spec=node.format_spec)
 

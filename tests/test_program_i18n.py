@@ -163,6 +163,38 @@ def test_the_invariant_sees_a_change_of_code():
     program_i18n.check_equivalent(PROGRAM, PROGRAM.replace('"on a GPU"', '"在 GPU 上"'))
 
 
+TABLE = '''\
+cpu, threads, ms = "x86", 2, 1.25
+print(f"CPU          : {cpu}")
+print(f"torch threads: {threads}")
+print(f"{'workload':<10} {'time ms':>9}")
+print(f"{'GeLU':<10} {ms:>9.3f}")
+'''
+TABLE_ZH = {"CPU          : {cpu}": "CPU：         {cpu}", "torch threads: {threads}": "torch 线程数：{threads}",
+            "{'workload':<10} {'time ms':>9}": "{'工作负载':<6} {'耗时 ms':>7}",
+            "{'GeLU':<10} {ms:>9.3f}": "{'GeLU':<10} {ms:>9.3f}"}  # a name: kept
+
+
+def test_a_table_s_columns_line_up_by_display_width(capsys):
+    """A header's label fields may change their text and width; what they print keeps its
+    columns, a Chinese character counting two."""
+    rendering = translate(TABLE, TABLE_ZH)
+    exec(compile(rendering, "zh", "exec"), {})  # noqa: S102 (the test's own program)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2] == "工作负载     耗时 ms" and display_width(lines[2]) == display_width(lines[3]) == 20
+    assert display_width(lines[0].removesuffix("x86")) == display_width(lines[1].removesuffix("2")) == 14
+
+
+@pytest.mark.parametrize("planted, complaint", [
+    ({"{'workload':<10} {'time ms':>9}": "{'工作负载':<10} {'耗时 ms':>9}"}, "takes 11 columns"),  # padded by len
+    ({"{'workload':<10} {'time ms':>9}": "{'工作负载':<6} {x:>7}"}, "replacement fields"),  # a label became code
+    ({"CPU          : {cpu}": "CPU：{cpu}"}, "values start at columns"),  # the values no longer line up
+])
+def test_a_misaligned_table_is_refused(planted, complaint):
+    with pytest.raises(ProgramTranslationError, match=complaint):
+        translate(TABLE, dict(TABLE_ZH, **planted))
+
+
 def test_display_width_counts_wide_characters_twice():
     assert display_width("GPU") == 3
     assert display_width("普通执行") == 8
