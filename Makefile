@@ -78,23 +78,28 @@ $(BIN)/.installed: requirements.txt requirements-docs.txt requirements-test.txt
 
 venv: $(BIN)/.installed
 
-# English first: it executes the examples. The Chinese edition reuses their
-# outputs (sphinx-gallery finds them current) and executes nothing.
+# Each edition executes its own programs: English the examples, Chinese the programs
+# rendered from them and the catalogs (tools/program_messages.py write), in a tree of its
+# own, $(ZH_TREE), whose source/ links to ours.
+ZH_TREE     := $(BUILD)/tree-zh_CN
 html: venv
 	@$(BIN)/python sphinxext/example_selection.py
-	$(if $(filter no,$(CACHE_RESTORE)),,$(BIN)/python tools/gallery_cache.py restore)
+	@$(BIN)/python tools/program_messages.py write $(ZH_TREE)
+	$(if $(filter no,$(CACHE_RESTORE)),,$(BIN)/python tools/gallery_cache.py restore --tree $(ZH_TREE))
 	@for lang in $(EDITIONS); do \
+	  srcdir=source; \
 	  if [ $$lang = zh_CN ]; then \
+	    srcdir=$(ZH_TREE)/source; \
 	    $(BIN)/python tools/check_translation.py --lint || { echo "The Chinese catalogs have the" \
 	      "problems listed above (tools/check_translation.py --lint): fix them in locale/zh_CN/."; exit 1; }; \
 	  fi; \
 	  echo "== $$lang edition"; \
 	  $(SPHINXBUILD) -b html -D language=$$lang -d $(BUILD)/doctrees/$$lang \
-	    source $(BUILD)/html/$$lang || exit 1; \
+	    $$srcdir $(BUILD)/html/$$lang || exit 1; \
 	done
 	cp site-root/* $(BUILD)/html/
 	cp $(BUILD)/html/en/404.html $(BUILD)/html/404.html
-	@$(BIN)/python tools/margin_report.py --out $(BUILD)/check-margins.md
+	@$(BIN)/python tools/margin_report.py --out $(BUILD)/check-margins.md --tree $(ZH_TREE)
 	@echo "The site is in $(BUILD)/html/index.html"
 
 # Executes nothing: an example's page keeps the outputs of an earlier build while
@@ -107,7 +112,7 @@ preview: venv
 # Its own build tree (a copy of make html's to start with), so that make html and
 # make serve do not re-read each other's pages.
 serve: venv
-	$(BIN)/python tools/serve.py --out $(BUILD)/serve --seed $(BUILD) --port $(PORT)
+	$(BIN)/python tools/serve.py --out $(BUILD)/serve --seed $(BUILD) --tree $(ZH_TREE) --port $(PORT)
 
 # Three workers on two cores, each taking whole groups of tests in the order
 # tests/conftest.py gives: while one waits for the site build, two keep the cores busy.
@@ -146,12 +151,12 @@ gpu-check:
 
 # Build everything afresh on this machine: no cached outputs, every example executed.
 html-fresh: venv
-	rm -rf source/auto_examples
+	rm -rf source/auto_examples $(ZH_TREE)
 	$(MAKE) html CACHE_RESTORE=no
 
 # After a build (on the GPU machine): keep its outputs in gallery-cache/.
 cache-save: venv
-	$(BIN)/python tools/gallery_cache.py save
+	$(BIN)/python tools/gallery_cache.py save --tree $(ZH_TREE)
 
 # Messages from the pages and the examples' text blocks into locale/zh_CN/*.po.
 translations: venv
@@ -194,7 +199,8 @@ $(GPU_WHEELS)/requirements.txt: requirements-docs.txt
 GPU_OUT = $(or $(OUT),$(FROM))
 gpu-import:
 	@test -n "$(GPU_OUT)" || { echo "usage: make gpu-import OUT='folder ...' (what tools/gpu_build.sh wrote)"; exit 2; }
-	$(CHECK_PYTHON) tools/gallery_cache.py import $(GPU_OUT)
+	$(CHECK_PYTHON) tools/program_messages.py write $(ZH_TREE)
+	$(CHECK_PYTHON) tools/gallery_cache.py import $(GPU_OUT) --tree $(ZH_TREE)
 	$(CHECK_PYTHON) tools/gpu_check.py --merge $(GPU_OUT) --out $(BUILD)/gpu-report
 
 # Compile every Triton launch and autotune configuration of the examples for compute

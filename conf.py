@@ -73,7 +73,8 @@ sphinx_gallery_conf = {
     "filename_pattern": r"/\d\d_\w+\.py$",
     "ignore_pattern": r"__init__\.py",
     "within_subsection_order": "FileNameSortKey",
-    "reset_modules": ("example_runner.around_each_example", "matplotlib"),
+    # The figure font of the Chinese edition is set after matplotlib's reset, which undoes it.
+    "reset_modules": ("example_runner.around_each_example", "matplotlib", "example_runner.figure_font"),
     "reset_modules_order": "both",
     # The second "scraper" keeps each example's KEY_FIGURES for its provenance record.
     "image_scrapers": ("matplotlib", "example_runner.keep_key_figures"),

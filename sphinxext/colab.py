@@ -6,7 +6,9 @@ free tier) and a first cell saying that nothing needs installing: Colab ships
 torch, triton and matplotlib.
 
 Colab opens notebooks from GitHub, so the links point at the ``notebooks``
-branch that the publishing workflow pushes (``<lecture>/<example>.ipynb``).
+branch that the publishing workflow pushes: ``<lecture>/<example>.ipynb`` for the English
+edition, ``zh_CN/<lecture>/<example>.ipynb`` for the Chinese one, whose notebooks are its
+own programs.
 The repository comes from ``course_repo_url`` (``COURSE_REPO_URL`` in the
 workflow); with none set, no link is drawn, so a local build shows no dead link.
 """
@@ -20,40 +22,43 @@ from provenance import _after_title
 
 GALLERY_ROOT = "auto_examples"
 COLAB = "https://colab.research.google.com/github"
-FIRST_CELL = (
-    "Runs as it is on Colab's free GPU runtime (a T4, compute capability 7.5):"
-    " torch, triton and matplotlib come preinstalled, so nothing is installed here."
-    " Without a GPU runtime the example runs at CPU sizes."
-)
+FIRST_CELL = {
+    "en": "Runs as it is on Colab's free GPU runtime (a T4, compute capability 7.5):"
+          " torch, triton and matplotlib come preinstalled, so nothing is installed here."
+          " Without a GPU runtime the example runs at CPU sizes.",
+    "zh_CN": "可以直接在 Colab 的免费 GPU 运行时（T4，计算能力 7.5）上运行：torch、triton 和"
+             " matplotlib 都已预装，这里无须安装任何东西。没有 GPU 运行时，示例按 CPU 的规模运行。",
+}
 LINK_TEXT = {
     "en": {"one": "Open in Colab (free GPU)", "all": "Run these examples on a free GPU:"},
     "zh_CN": {"one": "在 Colab 中打开（免费 GPU）", "all": "在免费 GPU 上运行这些示例："},
 }
 
 
-def notebook_url(repo_url, branch, lecture, stem):
+def notebook_url(repo_url, branch, lecture, stem, language="en"):
     """Colab's URL for a notebook in a GitHub repository, or None without a repository."""
     if not repo_url:
         return None
     owner_repo = urlsplit(repo_url).path.strip("/").removesuffix(".git")
-    return f"{COLAB}/{owner_repo}/blob/{branch}/{lecture}/{stem}.ipynb"
+    edition = "" if language == "en" else f"{language}/"
+    return f"{COLAB}/{owner_repo}/blob/{branch}/{edition}{lecture}/{stem}.ipynb"
 
 
-def ask_for_a_gpu(notebook):
+def ask_for_a_gpu(notebook, language="en"):
     """Add Colab's GPU metadata and the first cell, once."""
     metadata = notebook.setdefault("metadata", {})
     if metadata.get("accelerator") == "GPU":
         return False
     metadata["accelerator"] = "GPU"
     metadata["colab"] = {"gpuType": "T4", "provenance": []}
-    notebook["cells"].insert(0, {"cell_type": "markdown", "metadata": {}, "source": [FIRST_CELL]})
+    notebook["cells"].insert(0, {"cell_type": "markdown", "metadata": {}, "source": [FIRST_CELL.get(language, FIRST_CELL["en"])]})
     return True
 
 
 def prepare_notebooks(app):
     for path in Path(app.srcdir, GALLERY_ROOT).glob("*/*.ipynb"):
         notebook = json.loads(path.read_text(encoding="utf-8"))
-        if ask_for_a_gpu(notebook):
+        if ask_for_a_gpu(notebook, app.config.language):
             path.write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n",
                             encoding="utf-8")
 
@@ -74,12 +79,12 @@ def insert_colab_links(app, docname, source):
     if parts[2] == "index":
         stems = sorted(p.stem for p in Path(app.srcdir, GALLERY_ROOT, lecture).glob("*.ipynb"))
         links = " · ".join(
-            f'<a href="{html.escape(notebook_url(repo, branch, lecture, stem))}">{stem}</a>'
+            f'<a href="{html.escape(notebook_url(repo, branch, lecture, stem, app.config.language))}">{stem}</a>'
             for stem in stems
         )
         block = _raw_html(f'<p class="colab-links">{text["all"]} {links}</p>')
     else:
-        url = notebook_url(repo, branch, lecture, parts[2])
+        url = notebook_url(repo, branch, lecture, parts[2], app.config.language)
         block = _raw_html(
             f'<p class="colab-link"><a href="{html.escape(url)}">{text["one"]}</a></p>'
         )

@@ -60,6 +60,23 @@ def around_each_example(gallery_conf, fname, when):
         _record_provenance(src_file, gallery_dir, run)
 
 
+# The Chinese edition's figures draw their Han characters from a subset of Noto Sans CJK SC
+# vendored with the course (fonts/, made by tools/make_cjk_font.py); Latin text, digits and
+# symbols keep matplotlib's DejaVu Sans, and matplotlib falls back glyph by glyph.
+FIGURE_FONT = Path(__file__).resolve().parents[1] / "fonts" / "NotoSansCJKsc-Regular-subset.otf"
+
+
+def figure_font(gallery_conf, fname, when):
+    """Before each example of the Chinese edition, after matplotlib's reset: the font."""
+    app = _build.get("app")
+    if fname is None or when != "before" or app is None or app.config.language != "zh_CN":
+        return
+    from matplotlib import font_manager, rcParams
+
+    font_manager.fontManager.addfont(str(FIGURE_FONT))
+    rcParams["font.family"] = ["DejaVu Sans", font_manager.FontProperties(fname=FIGURE_FONT).get_name()]
+
+
 def timeout_seconds():
     return int(os.environ.get("COURSE_EXAMPLE_TIMEOUT", DEFAULT_TIMEOUT_S))
 

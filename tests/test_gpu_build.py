@@ -164,7 +164,7 @@ def test_each_shard_executes_its_example_once_and_reports_it(rehearsal):
     for lecture, example in SHARDS.items():
         out = outs[lecture]
         log = (out / "build.log").read_text()
-        assert "successfully executed 1 out of 1 file" in log
+        assert log.count("successfully executed 1 out of 1 file") == 2  # once in each edition
         report = json.loads((out / "report.json").read_text())
         result = report["examples"][f"{lecture}/{example}.py"]
         assert list(report["examples"]) == [f"{lecture}/{example}.py"]
@@ -172,17 +172,18 @@ def test_each_shard_executes_its_example_once_and_reports_it(rehearsal):
         assert result["key_figures"]["device"], "the build's run kept no KEY_FIGURES"
         with tarfile.open(out / "gallery-cache.tar.gz") as archive:
             entries = {m.name for m in archive.getmembers() if m.name.endswith("/CACHE.json")}
-        assert entries == {f"gallery-cache/{lecture}/{example}/CACHE.json"}
+        assert entries == {f"gallery-cache/{lecture}/{example}/CACHE.json",
+                           f"gallery-cache/zh_CN/{lecture}/{example}/CACHE.json"}
 
 
 def test_import_merges_the_shards_and_their_reports(rehearsal):
     checkout, _, imported, _ = rehearsal
-    assert len(re.findall(r"^imported ", imported.log, flags=re.MULTILINE)) == len(SHARDS)
+    assert len(re.findall(r"^imported ", imported.log, flags=re.MULTILINE)) == 2 * len(SHARDS)  # two editions
     merged = json.loads((checkout / "_build" / "gpu-report" / "report.json").read_text())
     assert merged["shards"] == len(SHARDS) and merged["passed"] == len(SHARDS)
-    status = subprocess.run([sys.executable, "tools/gallery_cache.py", "status"], cwd=checkout,
-                            capture_output=True, text=True, check=True).stdout
-    assert f"{len(SHARDS)} of {len(EXAMPLES)} examples have a current entry" in status
+    status = subprocess.run([sys.executable, "tools/gallery_cache.py", "status", "--tree", "_build/tree-zh_CN"],
+                            cwd=checkout, capture_output=True, text=True, check=True).stdout
+    assert status.count(f"{len(SHARDS)} of {len(EXAMPLES)} examples have a current entry") == 2, status
 
 
 @pytest.mark.parametrize("edition", ["en", "zh_CN"])
@@ -190,8 +191,9 @@ def test_html_shows_the_gpu_builds_outputs_and_provenance(rehearsal, edition):
     checkout, outs, _, built = rehearsal
     assert built.examples_executed == 0
     for lecture, example in SHARDS.items():
+        entry = f"{lecture}/{example}" if edition == "en" else f"{edition}/{lecture}/{example}"
         with tarfile.open(outs[lecture] / "gallery-cache.tar.gz") as archive:
-            member = archive.extractfile(f"gallery-cache/{lecture}/{example}/provenance/{example}.json")
+            member = archive.extractfile(f"gallery-cache/{entry}/provenance/{example}.json")
             record = json.loads(member.read())
         page = checkout / "_build" / "html" / edition / "auto_examples" / lecture / f"{example}.html"
         html = BeautifulSoup(page.read_text(encoding="utf-8"), "html.parser")

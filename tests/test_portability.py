@@ -8,9 +8,10 @@ cells, one process per example, and logs the margin use of every ``assert_close`
 
 | cell | where | CPU instructions | threads | versions | environment |
 | --- | --- | --- | --- | --- | --- |
-| site build | tests/conftest.py | none beyond SSE4 (``ATEN_CPU_CAPABILITY=default``, MKL's and oneDNN's likewise) | 2 | pins | ``make html`` |
-| reader, loaded | here | AVX2 (PyTorch's, MKL's and oneDNN's) | 1 | pins | the downloaded ``.py`` in an empty folder, no variables; two runs at a time, beside the suite's other workers and a lowest-priority busy loop on every core |
-| newest | here | the machine's own (AVX-512 where it has it) | 1 | the newest triton and numpy on PyPI | the downloads, as a reader, two at a time |
+| site build, English | tests/conftest.py | none beyond SSE4 (``ATEN_CPU_CAPABILITY=default``, MKL's and oneDNN's likewise) | 2 | pins | ``make html`` |
+| site build, Chinese | tests/conftest.py | the machine's own (AVX-512 where it has it) | 2 | pins | ``make html``, executing the Chinese programs, which compute what the English ones do |
+| reader, loaded | here | AVX2 (PyTorch's, MKL's and oneDNN's) | 1 | pins | the Chinese edition's downloaded ``.py`` in an empty folder, no variables; two runs at a time, beside the suite's other workers and a lowest-priority busy loop on every core |
+| newest | here | the machine's own (AVX-512 where it has it) | 1 | the newest triton and numpy on PyPI | the English downloads that import triton or numpy or compile with Inductor (``uses_the_newest``), as a reader, two at a time |
 | no Triton, no C++ | tests/test_strict_builds.py | the machine's own | 1 | pins | ``import triton`` fails; ``CXX=/bin/false`` (a compiler missing from PATH: its probe, by itself) |
 
 Each cell fails a test when an example fails, or when one of its checks uses more
@@ -19,7 +20,9 @@ CPU the examples report them, and excuse them when other programs took the cores
 ``make test`` prints the worst margins of every cell at the end.
 """
 
+import ast
 import os
+import re
 import subprocess
 import sys
 import time
@@ -37,6 +40,25 @@ import check_margins
 
 RUNNER = REPO / "tools" / "run_as_reader.py"
 NEWEST = ("triton", "numpy")  # what a reader who installs today gets beside the pinned torch
+
+
+def uses_the_newest(example):
+    """Whether an example can meet the newest triton or numpy: it imports one of them, or
+    compiles with Inductor (which imports Triton). The others reach them only through
+    torch and matplotlib, as these do too; every example runs at the machine's own
+    instructions in the site build's Chinese edition."""
+    tree = ast.parse(example.read_text(encoding="utf-8"))
+    modules = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+               for alias in node.names}
+    modules |= {node.module.split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.module}
+    compiles = any(isinstance(node, ast.Attribute) and node.attr in ("compile", "_inductor")
+                   and isinstance(node.value, ast.Name) and node.value.id == "torch" for node in ast.walk(tree))
+    return bool(modules & set(NEWEST)) or compiles
+
+
+NEWEST_EXAMPLES = [e for e in EXAMPLES if uses_the_newest(e)]
+HAN = re.compile(r"[\u4e00-\u9fff]")
 
 
 @dataclass
@@ -105,9 +127,9 @@ class BusyCores:
             loop.wait()
 
 
-def downloads(site_root):
-    """The ``.py`` of every example as the built English site offers it for download."""
-    found = {p.name: p for p in (site_root / "_build" / "html" / "en" / "_downloads").rglob("*.py")}
+def downloads(site_root, edition="en"):
+    """The ``.py`` of every example as the built site's ``edition`` offers it for download."""
+    found = {p.name: p for p in (site_root / "_build" / "html" / edition / "_downloads").rglob("*.py")}
     missing = [e.name for e in EXAMPLES if e.name not in found]
     assert not missing, f"no download for {missing}"
     return [found[e.name] for e in EXAMPLES]
@@ -123,17 +145,17 @@ def reader_cell(site, tmp_path_factory):
     """The pinned versions, on a loaded machine: two one-thread runs at a time, beside the
     suite's other workers (``make test`` runs three) and a busy loop on every core."""
     folder = tmp_path_factory.mktemp("reader")
-    scripts = downloaded_into_empty_folders(site, folder)
+    scripts = downloaded_into_empty_folders(site, folder, "zh_CN")
     with BusyCores():
         return run_cell("reader (avx2, 1 thread, loaded)", scripts, folder,
                         reader_env(folder / "inductor", **LOADED), at_once=2)
 
 
-def downloaded_into_empty_folders(site, folder):
+def downloaded_into_empty_folders(site, folder, edition="en"):
     """Each download copied into a folder of its own, as a reader saves it."""
     checkout, _ = site
     scripts = []
-    for download in downloads(checkout):
+    for download in downloads(checkout, edition):
         empty = folder / download.stem
         empty.mkdir(parents=True)
         scripts.append(empty / download.name)
@@ -154,7 +176,8 @@ def newest_cell(site, tmp_path_factory):
                     f" {installed.stderr.strip().splitlines()[-1:]}")
     versions = sorted(p.name.removesuffix(".dist-info") for p in (overlay / "site").glob("*.dist-info"))
     print("newest releases:", ", ".join(versions))
-    scripts = downloaded_into_empty_folders(site, overlay / "downloads")
+    scripts = [s for s in downloaded_into_empty_folders(site, overlay / "downloads")
+               if s.stem in {e.stem for e in NEWEST_EXAMPLES}]
     return versions, run_cell("newest", scripts, overlay,
                               reader_env(overlay / "inductor", PYTHONPATH=str(overlay / "site"),
                                          OMP_NUM_THREADS="1"), at_once=2)
@@ -170,7 +193,7 @@ def _check(run, stem):
 def _every_run_checks_numbers(runs):
     """The log sees the checks: a cell with no margin rows would prove nothing."""
     checked = [stem for stem, run in runs.items() if run.margins]
-    assert len(checked) >= len(EXAMPLES) - 2, sorted(set(runs) - set(checked))
+    assert len(checked) >= len(runs) - 2, sorted(set(runs) - set(checked))
 
 
 @pytest.mark.xdist_group("portability-reader")
@@ -184,8 +207,18 @@ def test_the_reader_cell_checks_numbers(reader_cell):
     _every_run_checks_numbers(reader_cell)
 
 
-@pytest.mark.xdist_group("portability-newest")
+@pytest.mark.xdist_group("portability-reader")
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_a_chinese_download_prints_chinese(reader_cell, example):
+    """The Chinese edition's download is the Chinese program: run by itself, it prints Chinese."""
+    run = reader_cell[example.stem]
+    printed = [line for line in run.output.splitlines() if line.strip()]
+    chinese = [line for line in printed if HAN.search(line)]
+    assert len(chinese) >= 3 and len(chinese) >= 0.3 * len(printed), (example.stem, printed[:20])
+
+
+@pytest.mark.xdist_group("portability-newest")
+@pytest.mark.parametrize("example", NEWEST_EXAMPLES, ids=lambda p: p.stem)
 def test_the_newest_releases_run_with_headroom(newest_cell, example):
     versions, runs = newest_cell
     assert any(v.startswith("triton-") for v in versions), versions

@@ -80,8 +80,13 @@ def test_canonical_and_twins(site, edition):
                           "x-default": f"{BASE}en/{name}"}
 
 
+GALLERIES = {"en": Path("source", "auto_examples"), "zh_CN": Path("_build", "tree-zh_CN", "source", "auto_examples")}
+FIRST_CELL_SAYS = {"en": "nothing is installed", "zh_CN": "无须安装"}
+
+
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
 def test_example_opens_on_colab_with_a_gpu(site, example):
+    """Each edition's page opens its own program's notebook: the Chinese one, the Chinese program."""
     checkout, _ = site
     lecture = example.parent.name
     for edition in EDITIONS:
@@ -90,16 +95,18 @@ def test_example_opens_on_colab_with_a_gpu(site, example):
         link = soup(page).select_one("p.colab-link a")
         assert link is not None, f"{edition}: no Colab link"
         owner_repo = SITE_ENV["COURSE_REPO_URL"].removeprefix("https://github.com/")
+        folder = "" if edition == "en" else f"{edition}/"
         assert link["href"] == (f"https://colab.research.google.com/github/{owner_repo}"
-                                f"/blob/notebooks/{lecture}/{example.stem}.ipynb")
-    notebook = json.loads((checkout / "source" / "auto_examples" / lecture /
-                           f"{example.stem}.ipynb").read_text())
-    assert notebook["metadata"]["accelerator"] == "GPU"
-    assert notebook["metadata"]["colab"]["gpuType"] == "T4"
-    first = "".join(notebook["cells"][0]["source"])
-    assert "nothing is installed" in first
-    code = "".join("".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "code")
-    assert not re.search(r"^\s*[!%]pip install .*\b(torch|triton)\b", code, re.MULTILINE)
+                                f"/blob/notebooks/{folder}{lecture}/{example.stem}.ipynb")
+        notebook = json.loads((checkout / GALLERIES[edition] / lecture / f"{example.stem}.ipynb").read_text())
+        assert notebook["metadata"]["accelerator"] == "GPU"
+        assert notebook["metadata"]["colab"]["gpuType"] == "T4"
+        first = "".join(notebook["cells"][0]["source"])
+        assert FIRST_CELL_SAYS[edition] in first
+        code = "".join("".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "code")
+        assert not re.search(r"^\s*[!%]pip install .*\b(torch|triton)\b", code, re.MULTILINE)
+        if edition == "zh_CN":  # the Chinese program: its comments and printed lines are Chinese
+            assert len(re.findall(r"[\u4e00-\u9fff]", code)) > 200, f"{example.stem}: not the Chinese program"
 
 
 @pytest.mark.parametrize("lecture", sorted({e.parent.name for e in EXAMPLES}))

@@ -6,9 +6,10 @@
 #   LECTURES=lecture05_gpus tools/gpu_build.sh OUT   # one shard: that lecture's examples
 #
 # It installs the wheels that `make gpu-wheels` downloaded into a temporary
-# folder (the machine's own torch and triton stay in use), builds the English
-# edition in a temporary copy of this checkout with no earlier outputs and cold
-# Inductor, Triton and extension caches, executing each chosen example once, and
+# folder (the machine's own torch and triton stay in use), builds both editions
+# in a temporary copy of this checkout with no earlier outputs and cold Inductor,
+# Triton and extension caches, executing each chosen example once in English and
+# once as its Chinese program (each edition shows its own program's outputs), and
 # writes to OUT:
 #   gallery-cache.tar.gz     the executed outputs, for `make gpu-import` on any machine
 #   report.md, report.json   pass or fail, wall time, peak GPU memory, key figures against the targets
@@ -74,17 +75,24 @@ build() {
   # Sphinx's dummy builder: the gallery executes the examples as it does for HTML, and
   # the pages, which nobody would keep, are not written (a shard of one example: 21 s of
   # CPU against 87 s for -b html). make html writes them from the imported outputs.
+  local status=0 t0=$SECONDS
   echo "== Building the English edition at commit $COURSE_GIT_COMMIT (executing, writing no pages)"
-  local status=0
   (cd "$tmp/work" && "$PYTHON" -m sphinx -c . -W --keep-going -b dummy -D language=en \
-    -d "$tmp/doctrees" source "$tmp/html") || status=$?
+    -d "$tmp/doctrees/en" source "$tmp/html/en") || status=$?
+  local english=$((SECONDS - t0))
+  echo "== Building the Chinese edition from its programs (executing, writing no pages)"
+  (cd "$tmp/work" && "$PYTHON" tools/program_messages.py write _build/tree-zh_CN && \
+    "$PYTHON" -m sphinx -c . -W --keep-going -b dummy -D language=zh_CN \
+    -d "$tmp/doctrees/zh_CN" _build/tree-zh_CN/source "$tmp/html/zh_CN") || status=$?
+  echo "== The English edition took $english s, the Chinese $((SECONDS - t0 - english)) s"
   local seconds=$((SECONDS - started))
 
   echo "== Report and gallery cache"
   (cd "$tmp/work" && "$PYTHON" tools/gpu_check.py --from-build source/auto_examples \
     --build-seconds "$seconds" --out "$OUT") || status=1
   mkdir -p "$tmp/work/gallery-cache"
-  "$PYTHON" "$tmp/work/tools/gallery_cache.py" save --cache "$tmp/work/gallery-cache"
+  "$PYTHON" "$tmp/work/tools/gallery_cache.py" save --cache "$tmp/work/gallery-cache" \
+    --tree "$tmp/work/_build/tree-zh_CN"
   tar -C "$tmp/work" -czf "$OUT/gallery-cache.tar.gz" gallery-cache
   echo "== GPU build finished in $seconds s with status $status; results in $OUT"
   if [ "$seconds" -gt 480 ]; then

@@ -34,8 +34,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--show", type=int, default=5, help="how many of the worst rows to print")
+    parser.add_argument("--tree", type=Path, help="the Chinese edition's tree: its programs' checks too")
     args = parser.parse_args()
     table = rows()
+    if args.tree and (args.tree / "source" / "auto_examples").is_dir():
+        table = sorted(table + rows(args.tree / "source" / "auto_examples"), key=lambda row: -row["use"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("# How much of its tolerance each check used\n\n"
                         "Each `assert_close` of the examples this build's pages show: its worst error over"

@@ -11,6 +11,12 @@
     python tools/program_messages.py apply examples/.../06_torch_compile.py done.json
         puts translations ({msgid: msgstr}) into the example's catalog, after checking that
         the program renders with them (fields kept, same syntax tree)
+    python tools/program_messages.py write _build/tree-zh_CN
+        the tree the Chinese edition is built from: examples/ holds every example's Chinese
+        program, source/ links to our pages (its auto_examples/ is the gallery's, made from
+        those programs) and locale/ to our catalogs, so every path the configuration names
+        relative to the source folder means the same there; a file is written only when its
+        text changes, so sphinx-gallery re-executes only what changed
     python tools/program_messages.py check
         renders every example, and fails naming each message without a translation, each
         f-string whose translation changes its fields, and each program that would differ
@@ -22,6 +28,7 @@ translate them.
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -112,6 +119,42 @@ def render(example, root=CATALOGS, strict=True):
                                   strict=strict)
 
 
+def write_tree(tree, root=CATALOGS):
+    """Make or bring up to date the Chinese edition's tree (see ``write`` above)."""
+    tree = Path(tree).resolve()
+    wanted = {}
+    for example in examples():
+        lecture = example.parent.name
+        wanted[Path("examples", lecture, example.name)] = render(example, root, strict=False)
+    for header in (REPO / "examples").glob("lecture*/GALLERY_HEADER.rst"):
+        wanted[header.relative_to(REPO)] = header.read_text(encoding="utf-8")
+    written = 0
+    for relative, text in wanted.items():
+        path = tree / relative
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            written += 1
+    for path in (tree / "examples").rglob("*"):  # an example that was removed goes with its program
+        if path.is_file() and path.relative_to(tree) not in wanted:
+            path.unlink()
+    links = {Path("locale"): REPO / "locale"}
+    links |= {Path("source", p.name): p for p in (REPO / "source").iterdir()
+              if p.name not in {"auto_examples", "sg_execution_times.rst"}}
+    (tree / "source").mkdir(parents=True, exist_ok=True)
+    for entry in (tree / "source").iterdir():
+        if entry.is_symlink() and Path("source", entry.name) not in links:
+            entry.unlink()
+    for relative, target in links.items():  # relative links: a copy of the checkout keeps them
+        link = tree / relative
+        pointing = Path(os.path.relpath(target, link.parent))
+        if not (link.is_symlink() and Path(os.readlink(link)) == pointing):
+            if link.is_symlink() or link.is_file():
+                link.unlink()
+            link.symlink_to(pointing)
+    return written
+
+
 def check(root=CATALOGS):
     problems = []
     for example in examples():
@@ -131,6 +174,7 @@ def main():
     applying = commands.add_parser("apply")
     applying.add_argument("example", type=Path)
     applying.add_argument("translations", type=Path)
+    commands.add_parser("write").add_argument("tree", type=Path)
     commands.add_parser("check")
     args = parser.parse_args()
     if args.command == "extract":
@@ -140,6 +184,9 @@ def main():
     elif args.command == "apply":
         count = apply(args.example.resolve(), json.loads(args.translations.read_text(encoding="utf-8")))
         print(f"{args.example.name}: {count} program messages translated in its catalog")
+    elif args.command == "write":
+        written = write_tree(args.tree)
+        print(f"The Chinese programs are in {args.tree / 'examples'} ({written} written anew)")
     elif args.command == "render":
         sys.stdout.write(render(args.example.resolve(), strict=False))
     else:

@@ -8,7 +8,7 @@ execute as in ``make html`` and share its generated gallery: an example edited
 while serving executes once, and ``make html`` then finds it current. A browser
 shows a rebuild when the page is reloaded.
 
-    python tools/serve.py --out _build/serve --seed _build --port 8000    # Ctrl+C stops it
+    python tools/serve.py --out _build/serve --seed _build --tree _build/tree-zh_CN --port 8000
 """
 
 import argparse
@@ -30,13 +30,16 @@ BUILD_OUTPUTS = {"auto_examples", "__pycache__"}
 POLL_SECONDS = 1.0
 
 
-def build(out):
-    """Both editions into ``out``, English first (it executes the examples); False on failure."""
+def build(out, tree):
+    """Both editions into ``out``, each executing its own programs (the Chinese ones in
+    ``tree``, as ``make html`` writes them); False on failure."""
+    subprocess.run([sys.executable, "tools/program_messages.py", "write", str(tree)], cwd=REPO, check=True)
     for language in EDITIONS:
         print(f"== {language} edition", flush=True)
+        source = "source" if language == "en" else str(tree / "source")
         command = [sys.executable, "-m", "sphinx", "build", "-c", ".", "-W", "--keep-going",
                    "-b", "html", "-D", f"language={language}", "-d", str(out / "doctrees" / language),
-                   "source", str(out / language)]
+                   source, str(out / language)]
         if subprocess.run(command, cwd=REPO, check=False).returncode != 0:
             print(f"The {language} edition failed to build (see above); still serving the last good build.")
             return False
@@ -84,6 +87,8 @@ def main():
     parser.add_argument("--out", type=Path, default=Path("_build/serve"))
     parser.add_argument("--seed", type=Path, help="make html's build folder, to start a new tree from")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--tree", type=Path, default=Path("_build/tree-zh_CN"),
+                        help="the Chinese edition's tree, shared with make html")
     args = parser.parse_args()
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl+C stops it, even if started in the background
     out = (REPO / args.out).resolve()
@@ -95,7 +100,8 @@ def main():
     url = f"http://127.0.0.1:{server.server_address[1]}/"
     try:
         seen = snapshot()
-        build(out)
+        tree = (REPO / args.tree).resolve()
+        build(out, tree)
         print(f"Serving {url}: English at {url}en/, Chinese at {url}zh_CN/."
               " Rebuilt when a file changes; press Ctrl+C to stop.", flush=True)
         while True:
@@ -106,7 +112,7 @@ def main():
                                  | {p for p in now.keys() & seen.keys() if now[p] != seen[p]})
                 print(f"Changed: {', '.join(changed[:5])}{' ...' if len(changed) > 5 else ''}", flush=True)
                 seen = now
-                if build(out):
+                if build(out, tree):
                     print(f"Rebuilt; reload the page. Serving {url}", flush=True)
     except KeyboardInterrupt:
         print("\nStopped serving.")

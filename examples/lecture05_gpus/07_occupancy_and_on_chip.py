@@ -279,7 +279,7 @@ if HAVE_TRITON:
             torch.testing.assert_close(triton_matmul(a, b, descriptors), expected,
                                        atol=K ** 0.5 * (2e-3 if KERNEL_DTYPE == torch.float16 else 1e-5),
                                        rtol=2e-3)
-    how = "compiled" if DEVICE == "cuda" else "interpreted"
+    how = "compiled for the GPU" if DEVICE == "cuda" else "run by Triton's interpreter"
     print(f"softmax, attention, matmul and the tensor-descriptor matmul, {how}, "
           f"{str(KERNEL_DTYPE).removeprefix('torch.')}: match PyTorch on irregular shapes")
 else:
@@ -1051,7 +1051,8 @@ if DEVICE == "cuda" and shutil.which("ncu"):
         print("ncu ran but reported no counters (they may need admin rights):",
               (profiled.stderr or profiled.stdout)[-300:])
 else:
-    print(f"No ncu here ({'it is not on PATH' if DEVICE == 'cuda' else 'it needs an NVIDIA GPU'}). "
+    why_not = "it is not on PATH" if DEVICE == "cuda" else "it needs an NVIDIA GPU"
+    print(f"No ncu here ({why_not}). "
           f"Where it runs, ncu --metrics {','.join(NCU_METRICS)} "
           f"would report for a negation of {NCU_MODEL_BYTES / 2**20:.0f} MiB about "
           f"{NCU_MODEL_BYTES / 2**20:.0f} MiB read and {NCU_MODEL_BYTES / 2**20:.0f} MiB written "
