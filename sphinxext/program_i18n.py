@@ -632,3 +632,124 @@ def check_equivalent(original, rendering):
             "the translated program computes something else: its syntax tree, strings masked,"
             f" differs from the original's at\n  original:   ...{a[max(0, at - 80):at + 80]}\n"
             f"  translated: ...{b[max(0, at - 80):at + 80]}")
+
+
+# -- The page's prose in the program: for the downloads ---------------------------------------
+
+TITLE_UNDERLINE = re.compile(r"([=\-~^\"'`#*+<>_])\1+")
+LIST_ITEM = re.compile(r"([-*+]|\d+\.|#\.)\s+")
+
+
+def _paragraphs(lines):
+    """Runs of non-blank lines, and the blank lines between them, in order."""
+    runs, current = [], []
+    for line in lines:
+        if line.strip():
+            current.append(line)
+            continue
+        if current:
+            runs.append(current)
+            current = []
+        runs.append([line])
+    if current:
+        runs.append(current)
+    return runs
+
+
+def _items(paragraph):
+    """A list's items: each starts at a line with a marker at the paragraph's indent."""
+    items = []
+    for line in paragraph:
+        if LIST_ITEM.match(line) or not items:
+            items.append([line])
+        else:
+            items[-1].append(line)
+    return items
+
+
+def _filled(text, width, indent=""):
+    """``text`` on lines of ``width`` columns (one line when ``width`` is None)."""
+    if width is None:
+        return [indent + text]
+    return [indent + line for line in _wrap(text, width - display_width(indent))]
+
+
+def translate_rst(lines, translations, width=None):
+    """reStructuredText lines with each paragraph, title and list item that has a translation
+    replaced by it; anything else (directives, literal blocks, tables) as it was."""
+    out = []
+    for paragraph in _paragraphs(lines):
+        if len(paragraph) >= 2 and paragraph[0].strip() and TITLE_UNDERLINE.fullmatch(paragraph[1].strip()):
+            title = translations.get(paragraph[0].strip())
+            out += [title, paragraph[1].strip()[0] * display_width(title)] if title else paragraph[:2]
+            paragraph = paragraph[2:]  # a title may have its first paragraph right under it
+            if not paragraph:
+                continue
+        first = paragraph[0]
+        text = " ".join(line.strip() for line in paragraph)
+        if not first.strip():
+            out.extend(paragraph)
+        elif LIST_ITEM.match(first):
+            for item in _items(paragraph):
+                marker = LIST_ITEM.match(item[0]).group()
+                text = " ".join([item[0][len(marker):].strip(), *(line.strip() for line in item[1:])])
+                if msgstr := translations.get(text):
+                    lines_out = _filled(msgstr, width, " " * len(marker))
+                    out += [marker + lines_out[0][len(marker):], *lines_out[1:]]
+                else:
+                    out.extend(item)
+        elif first.startswith((" ", "..")) or any(line.startswith(" ") for line in paragraph):
+            out.extend(paragraph)
+        elif msgstr := translations.get(text):
+            out += _filled(msgstr, width)
+        elif text.endswith("::") and (msgstr := translations.get(text[:-1].rstrip())):
+            out += _filled(msgstr + " ::", width)  # its literal block follows; "text ::" shows "text"
+        else:
+            out.extend(paragraph)
+    return out
+
+
+def translate_text_blocks(source, translations, width=WIDTH):
+    """The program with the page's prose in it translated: its module docstring (the page's
+    title and introduction) and the gallery's text blocks, from the page's own messages
+    (``translations``: msgid -> msgstr, the page catalog's). The code is untouched, so the
+    result computes what ``source`` does (checked). ``width`` None: one line a paragraph."""
+    tree = ast.parse(source)
+    lines = _segment_lines(source)
+    edits = []
+    module_doc, _ = _docstrings(tree)
+    if module_doc is not None:
+        start, end = _span(lines, module_doc)
+        original = source[start:end]
+        prefix = re.match(r"[rRuU]?", original).group()
+        quote = original[len(prefix):len(prefix) + 3]
+        if quote in ('"""', "'''"):
+            body = original[len(prefix) + 3:-3]
+            translated = "\n".join(translate_rst(body.split("\n"), translations, width))
+            if translated != body and not ("\\" in translated and "\\" in body and not prefix):
+                if "\\" in translated and "r" not in prefix.lower():
+                    prefix = "r" + prefix
+                edits.append((start, end, prefix + quote + translated + quote))
+    text_lines = sorted(_text_block_lines(lines))
+    blocks, current = [], []
+    for number in text_lines:
+        if TEXT_BLOCK_START.match(lines[number - 1]):
+            current = []
+            blocks.append(current)
+        else:
+            current.append(number)
+    for block in blocks:
+        if not block:
+            continue
+        rst = [lines[n - 1].rstrip("\r\n")[2:] if lines[n - 1].startswith("# ") else
+               lines[n - 1].rstrip("\r\n")[1:] for n in block]
+        translated = translate_rst(rst, translations, None if width is None else width - 2)
+        if translated != rst:
+            start = _char_offset(lines, block[0], 0)
+            end = _char_offset(lines, block[-1], 0) + len(lines[block[-1] - 1])
+            edits.append((start, end, "".join(("# " + t).rstrip() + "\n" for t in translated)))
+    out = source
+    for start, end, text in sorted(edits, reverse=True):
+        out = out[:start] + text + out[end:]
+    check_equivalent(source, out)
+    return out

@@ -216,3 +216,42 @@ def test_every_program_message_has_its_translation(example):
                if any("\u4e00" <= c <= "\u9fff" for c in msgstr)]
     assert len(chinese) >= 0.85 * len(messages(example.read_text(encoding="utf-8"))), (
         f"{example.name}: only {len(chinese)} messages in Chinese")
+
+
+PROSE = '''\
+"""
+Fusion
+======
+
+One kernel instead of three.
+It reads the input once.
+"""
+
+# %%
+# Predict
+# -------
+# A kernel launch costs
+# about 5 us.
+#
+# - first item,
+#   continued
+# - second item
+#
+# .. math:: t = t_0 + n / B
+
+x = 1  # a comment
+'''
+PROSE_ZH = {"Fusion": "融合", "One kernel instead of three. It reads the input once.": "一个核函数代替三个。它只读一次输入。",
+            "Predict": "预测", "A kernel launch costs about 5 us.": "一次核函数启动约需 5 us。",
+            "first item, continued": "第一项，接续", "t = t_0 + n / B": "不该用上"}
+
+
+def test_the_page_s_prose_goes_into_the_program_one_line_a_paragraph():
+    out = program_i18n.translate_text_blocks(PROSE, PROSE_ZH, width=None)
+    assert '"""\n融合\n====\n\n一个核函数代替三个。它只读一次输入。\n"""' in out  # underline by display width
+    assert "# 预测\n# ----\n# 一次核函数启动约需 5 us。\n#\n# - 第一项，接续\n# - second item\n" in out
+    assert "# .. math:: t = t_0 + n / B\n" in out and "x = 1  # a comment\n" in out
+    assert masked_tree(out) == masked_tree(PROSE)
+    wrapped = program_i18n.translate_text_blocks(PROSE, PROSE_ZH, width=20)
+    chinese = [line for line in wrapped.splitlines() if line.startswith("# ") and display_width(line) > len(line)]
+    assert len(chinese) >= 4 and max(map(display_width, chinese)) <= 20, chinese

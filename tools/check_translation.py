@@ -254,7 +254,8 @@ def _terminology_of(msg, terms, rejected, excused, units):
     source, translation = prose(msg.id), prose(msg.string)
     if msg.program and msg.string == msg.id:  # kept as it is: a string the code computes with
         return
-    if msg.program:  # an f-string's fields are code: {recompute} is not the word recomputation
+    if msg.program:  # an f-string's fields are code: {recompute} is not the word recomputation,
+        # and a column's label, {'eager ms':>9}, is an abbreviation the width allows
         source, translation = (re.sub(r"\{[^{}]*\}", "0", t) for t in (source, translation))
     for rule, patterns in rejected:
         variant = next((label for label, pattern in patterns if pattern.search(translation)), None)

@@ -81,6 +81,9 @@ build() {
     -d "$tmp/doctrees/en" source "$tmp/html/en") || status=$?
   local english=$((SECONDS - t0))
   echo "== Building the Chinese edition from its programs (executing, writing no pages)"
+  # Cold caches again: its pages' first-call and compile times are a new reader's too.
+  export TORCHINDUCTOR_CACHE_DIR=$tmp/cache-zh/inductor TRITON_CACHE_DIR=$tmp/cache-zh/triton \
+    TORCH_EXTENSIONS_DIR=$tmp/cache-zh/torch_extensions
   (cd "$tmp/work" && "$PYTHON" tools/program_messages.py write _build/tree-zh_CN && \
     "$PYTHON" -m sphinx -c . -W --keep-going -b dummy -D language=zh_CN \
     -d "$tmp/doctrees/zh_CN" _build/tree-zh_CN/source "$tmp/html/zh_CN") || status=$?

@@ -13,7 +13,8 @@
         the program renders with them (fields kept, same syntax tree)
     python tools/program_messages.py write _build/tree-zh_CN
         the tree the Chinese edition is built from: examples/ holds every example's Chinese
-        program, source/ links to our pages (its auto_examples/ is the gallery's, made from
+        program (with the page's prose, its title and text blocks, translated from the page's
+        own messages), source/ links to our pages (its auto_examples/ is the gallery's, made from
         those programs) and locale/ to our catalogs, so every path the configuration names
         relative to the source folder means the same there; a file is written only when its
         text changes, so sphinx-gallery re-executes only what changed
@@ -81,6 +82,15 @@ def translations(example, root=CATALOGS):
             if m.id and m.context == program_i18n.CONTEXT and not m.fuzzy}
 
 
+def page_translations(example, root=CATALOGS):
+    """msgid -> msgstr of the page's own messages (its prose: title, text blocks), fuzzy ones left out."""
+    path = catalog_path(example, root)
+    if not path.exists():
+        return {}
+    with path.open("rb") as f:
+        return {m.id: m.string for m in read_po(f) if m.id and m.context is None and m.string and not m.fuzzy}
+
+
 def pending(example, root=CATALOGS):
     done = {k for k, v in translations(example, root).items() if v}
     todo = [m for m in program_i18n.messages(example.read_text(encoding="utf-8")) if m.msgid not in done]
@@ -125,7 +135,12 @@ def write_tree(tree, root=CATALOGS):
     wanted = {}
     for example in examples():
         lecture = example.parent.name
-        wanted[Path("examples", lecture, example.name)] = render(example, root, strict=False)
+        # The page's prose goes in too, one line a paragraph (a line break between two
+        # Chinese characters would show as a space on the page): the Chinese page, notebook
+        # and download then carry it as the program does, and Sphinx finds nothing to translate.
+        program = render(example, root, strict=False)
+        wanted[Path("examples", lecture, example.name)] = program_i18n.translate_text_blocks(
+            program, page_translations(example, root), width=None)
     for header in (REPO / "examples").glob("lecture*/GALLERY_HEADER.rst"):
         wanted[header.relative_to(REPO)] = header.read_text(encoding="utf-8")
     written = 0
