@@ -153,9 +153,22 @@ def _free_memory():
         torch.cuda.reset_peak_memory_stats()
 
 
+def _sources_of(src_file):
+    """The files in git that a program comes from: the example itself, or for another
+    edition's program (rendered into the build's tree) the example and its catalog."""
+    repo = Path(__file__).resolve().parents[1]
+    english = repo / "examples" / src_file.parent.name / src_file.name
+    app = _build.get("app")
+    if not english.is_file() or english.resolve() == Path(src_file).resolve() or app is None:
+        return [src_file]
+    return [english, repo / "locale" / app.config.language / "LC_MESSAGES" / "auto_examples"
+            / src_file.parent.name / (src_file.stem + ".po")]
+
+
 def _record_provenance(src_file, gallery_dir, run=None):
     # The MD5 of the copy sphinx-gallery just executed ties the record to this run's outputs.
-    record = {**collect_provenance(src_file), **(run or {}), "required": required_capabilities(),
+    record = {**collect_provenance(src_file, _sources_of(src_file)), **(run or {}),
+              "required": required_capabilities(),
               "source_md5": source_md5(gallery_dir, src_file.stem)}
     path = provenance_path(gallery_dir, src_file.stem)
     path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")

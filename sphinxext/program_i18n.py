@@ -283,12 +283,36 @@ def label_width_problems(msgid, msgstr):
     display columns: ``{'time ms':>9}`` takes 9 columns, so its translation must too."""
     problems = []
     for (en, en_spec), (zh, zh_spec) in zip(label_fields(msgid), label_fields(msgstr)):
-        want, got = display_width(format(en, en_spec)), display_width(format(zh, zh_spec))
+        try:
+            want, got = display_width(format(en, en_spec)), display_width(format(zh, zh_spec))
+        except ValueError as error:
+            problems.append(f"{{{zh!r}:{zh_spec}}}: {error}")
+            continue
         if got != want and display_width(zh) <= want:
             fix = re.sub(r"\d+", str(want - (display_width(zh) - len(zh))), en_spec, count=1)
             problems.append(f"{{{zh!r}:{zh_spec}}} takes {got} columns and {{{en!r}:{en_spec}}}"
                             f" {want}: write {{{zh!r}:{fix}}}")
+        elif got != want:
+            problems.append(f"{zh!r} is wider than its column, {{{en!r}:{en_spec}}}: {want} columns")
+    if not problems and _only_labels(msgid):  # a header: the spaces between its labels count too
+        want, got = display_width(_as_printed(msgid)), display_width(_as_printed(msgstr))
+        if want != got:
+            problems.append(f"the header takes {got} columns and the original {want}: keep its spaces")
     return problems
+
+
+def _only_labels(fstring_body):
+    """Whether an f-string holds only label fields and spaces: a table's header."""
+    tree = _fstring_tree(fstring_body)
+    return isinstance(tree, ast.JoinedStr) and all(
+        is_label_field(v) or isinstance(v, ast.Constant) and not v.value.strip() for v in tree.values)
+
+
+def _as_printed(fstring_body):
+    """What a header prints (its fields are all labels)."""
+    tree = _fstring_tree(fstring_body)
+    return "".join(v.value if isinstance(v, ast.Constant) else format(v.value.value, _label_spec(v))
+                   for v in tree.values)
 
 
 def _text_block_lines(lines):
@@ -477,8 +501,8 @@ def label_column_groups(messages):
     the values line up ("CPU           : {cpu}" over "torch threads : {n}"): their values
     start at one column, and so must their translations'."""
     groups, current = [], []
-    for message in messages:
-        prefix = _prefix(message.msgid) if message.kind == "f-string" else None
+    for message in (m for m in messages if m.kind == "f-string"):  # a comment on the line is no break
+        prefix = _prefix(message.msgid)
         aligned = prefix is not None and re.search(r"\S\s*:\s*$", prefix)
         if aligned and current and message.line == current[-1].line + 1 \
                 and display_width(prefix) == display_width(_prefix(current[-1].msgid)):
@@ -586,7 +610,7 @@ def translate(source, translations, *, strict=True):
 
     if missing and strict:
         raise ProgramTranslationError("messages without a translation:\n  " + "\n  ".join(missing))
-    if misaligned := label_column_problems(source, translations):
+    if strict and (misaligned := label_column_problems(source, translations)):
         raise ProgramTranslationError("columns out of line:\n  " + "\n  ".join(misaligned))
     out = source
     for start, end, text in sorted(edits, reverse=True):

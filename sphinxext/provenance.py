@@ -85,7 +85,10 @@ def vouching_record(gallery_dir, stem):
     return record if page_has_outputs(gallery_dir, stem) else None
 
 
-def collect_provenance(src_file):
+def collect_provenance(src_file, sources=None):
+    """The record's machine and versions; ``sources``: the files in git that the program
+    comes from (the Chinese program, in the build's tree, comes from its example and its
+    catalog), ``src_file`` itself by default."""
     import torch
 
     cuda = torch.cuda.is_available()
@@ -101,7 +104,7 @@ def collect_provenance(src_file):
         "executed_at": datetime.datetime.now(datetime.UTC).strftime(
             "%Y-%m-%d %H:%M UTC"
         ),
-        "git_commit": git_commit(src_file),
+        "git_commit": git_commit(*(sources or [src_file])),
     }
 
 
@@ -126,8 +129,9 @@ def _version_of(package):
         return "not installed"
 
 
-def git_commit(path):
-    """Short commit of the checkout, marked ``+modified`` if ``path`` (a file or folder) differs."""
+def git_commit(path, *more):
+    """Short commit of the checkout, marked ``+modified`` if ``path`` (a file or folder), or
+    any of ``more``, differs from it."""
     path = Path(path)
 
     def git(*args):
@@ -138,7 +142,7 @@ def git_commit(path):
 
     try:
         commit = git("rev-parse", "--short", "HEAD")
-        modified = git("status", "--porcelain", "--", str(path))
+        modified = git("status", "--porcelain", "--", str(path), *map(str, more))
     except (OSError, subprocess.CalledProcessError):
         # A copy without .git (an unpacked archive, the tests' scratch copies)
         # may be told its commit by whoever made it.

@@ -416,8 +416,11 @@ def build():
     with tempfile.TemporaryDirectory() as tmp:
         checkout = copy_checkout(Path(tmp, "site"))
         tree = Path("_build", "tree-zh_CN")
-        subprocess.run([sys.executable, "tools/program_messages.py", "write", str(tree)],
-                       cwd=checkout, capture_output=True, check=True)
+        written = subprocess.run([sys.executable, "tools/program_messages.py", "write", str(tree)],
+                                 cwd=checkout, capture_output=True, text=True, check=False)
+        if written.returncode:
+            print(written.stdout + written.stderr)
+            return 1
         generated = REPO / tree / "source" / "auto_examples"
         if generated.is_dir():
             shutil.copytree(generated, checkout / tree / "source" / "auto_examples", dirs_exist_ok=True)

@@ -10,6 +10,10 @@ the Chinese output is not prose when it is a name the example's program uses
 a device, or when its line is one the English page prints too (numbers aside):
 what a library prints (a profiler's table, generated code, a compiler's message)
 no translation of ours can change. tests/test_site.py bounds the prose per page.
+A message left untranslated prints the English page's line and so goes unseen here:
+tests/test_program_i18n.py fails on it (every program message needs a translation),
+and a string the extraction misses (one it takes for data) shows only as prose on a
+line that also prints something translated.
 """
 
 import argparse

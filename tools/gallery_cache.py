@@ -61,8 +61,8 @@ ENGLISH = Edition("en", EXAMPLES, GENERATED, "")
 
 
 def editions(tree=None):
-    """English, and the Chinese edition when its tree is given (and written)."""
-    if tree is None or not (tree / "examples").is_dir():
+    """English, and the Chinese edition when its tree is given."""
+    if tree is None:
         return [ENGLISH]
     chinese = sorted(tree.resolve().glob("examples/lecture*/[0-9][0-9]_*.py"))
     return [ENGLISH, Edition("zh_CN", chinese, tree.resolve() / "source" / "auto_examples", "zh_CN")]
@@ -219,6 +219,9 @@ def main():
     args = parser.parse_args()
     if args.command == "import" and not args.outs:
         parser.error("import needs the folders tools/gpu_build.sh wrote")
+    if args.tree and not (args.tree / "examples").is_dir():
+        parser.error(f"{args.tree} holds no Chinese programs: make html writes them (or"
+                     f" python tools/program_messages.py write {args.tree})")
     complete = True
     for edition in editions(args.tree):
         whose = "" if not edition.folder else f" of the {edition.name} edition"

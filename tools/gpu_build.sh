@@ -13,6 +13,7 @@
 # writes to OUT:
 #   gallery-cache.tar.gz     the executed outputs, for `make gpu-import` on any machine
 #   report.md, report.json   pass or fail, wall time, peak GPU memory, key figures against the targets
+#   zh_CN/report.md, .json   the same for the Chinese programs' runs
 #   build.log                everything the build printed
 #
 # Settings (environment): LECTURES (comma-separated), EXAMPLES (a regular
@@ -93,6 +94,9 @@ build() {
   echo "== Report and gallery cache"
   (cd "$tmp/work" && "$PYTHON" tools/gpu_check.py --from-build source/auto_examples \
     --build-seconds "$seconds" --out "$OUT") || status=1
+  # The Chinese programs' runs, passed or failed, in a report of their own.
+  (cd "$tmp/work" && "$PYTHON" tools/gpu_check.py --from-build _build/tree-zh_CN/source/auto_examples \
+    --out "$OUT/zh_CN") || status=1
   mkdir -p "$tmp/work/gallery-cache"
   "$PYTHON" "$tmp/work/tools/gallery_cache.py" save --cache "$tmp/work/gallery-cache" \
     --tree "$tmp/work/_build/tree-zh_CN"

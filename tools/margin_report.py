@@ -38,7 +38,8 @@ def main():
     args = parser.parse_args()
     table = rows()
     if args.tree and (args.tree / "source" / "auto_examples").is_dir():
-        table = sorted(table + rows(args.tree / "source" / "auto_examples"), key=lambda row: -row["use"])
+        chinese = [{**row, "file": f"{row['file']} (zh_CN)"} for row in rows(args.tree / "source" / "auto_examples")]
+        table = sorted(table + chinese, key=lambda row: -row["use"])  # its lines are its own program's
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("# How much of its tolerance each check used\n\n"
                         "Each `assert_close` of the examples this build's pages show: its worst error over"

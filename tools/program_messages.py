@@ -33,7 +33,11 @@ import os
 import sys
 from pathlib import Path
 
-from babel.messages.pofile import read_po, write_po
+try:
+    from babel.messages.pofile import read_po, write_po
+except ImportError:  # a Python without Sphinx's dependencies (the GPU machine's own)
+    raise SystemExit("tools/program_messages.py reads the catalogs with babel, which this Python lacks:"
+                     " use the virtual environment (make venv), or pip install babel") from None
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "sphinxext"))
