@@ -213,8 +213,8 @@ def test_a_chinese_download_prints_chinese(reader_cell, example):
     """The Chinese edition's download is the Chinese program: run by itself, it prints Chinese."""
     run = reader_cell[example.stem]
     printed = [line for line in run.output.splitlines() if line.strip()]
-    chinese = [line for line in printed if HAN.search(line)]
-    assert len(chinese) >= 3 and len(chinese) >= 0.3 * len(printed), (example.stem, printed[:20])
+    chinese = [line for line in printed if HAN.search(line)]  # tables' rows of numbers hold none
+    assert len(chinese) >= 5 and sum(len(HAN.findall(line)) for line in chinese) >= 100, (example.stem, printed[:20])
 
 
 @pytest.mark.xdist_group("portability-newest")

@@ -7,10 +7,9 @@ letters or more) in the printed output: all of them in the English page; in the
 Chinese page, all of them, and those of its prose, which should be none. A word of
 the Chinese output is not prose when it is a name the example's program uses
 (an identifier, an attribute, an API string such as a dtype or a mode), a unit or
-a device, or when its line is one the English page prints too (numbers aside):
-what a library prints (a profiler's table, generated code, a compiler's message)
-no translation of ours can change. tests/test_site.py bounds the prose per page.
-A message left untranslated prints the English page's line and so goes unseen here:
+a device, or when its line holds no Chinese: what a library prints (a profiler's
+table, generated code, a compiler's message) no translation of ours can change. tests/test_site.py bounds the prose per page.
+A message left untranslated prints a line with no Chinese and so goes unseen here:
 tests/test_program_i18n.py fails on it (every program message needs a translation),
 and a string the extraction misses (one it takes for data) shows only as prose on a
 line that also prints something translated.
@@ -25,7 +24,6 @@ from pathlib import Path
 from bs4 import BeautifulSoup
 
 WORD = re.compile(r"[A-Za-z][A-Za-z'’-]*[A-Za-z]")
-NUMBER = re.compile(r"\d+(?:\.\d+)?(?:e[+-]?\d+)?")
 UNITS = {"us", "ms", "ns", "GB", "MB", "KB", "KiB", "MiB", "GiB", "TB", "FLOP", "FLOPs", "GFLOP",
          "TFLOP", "TFLOPS", "PFLOP", "TF", "elem"}
 DEVICES = {"CPU", "CPUs", "GPU", "GPUs", "CUDA", "NVIDIA", "AMD", "EPYC", "Intel", "Xeon", "SXM", "HBM",
@@ -61,12 +59,16 @@ def program_names(example):
     return names | {part for name in names for part in re.split(r"[_.\-/]", name)}
 
 
+HAN = re.compile(r"[\u4e00-\u9fff]")
+
+
 def prose_words(english_page, chinese_page, example):
-    """The English words of the Chinese page's output that are neither names nor a library's."""
+    """The English words of the Chinese page's output that are neither names nor a library's:
+    those on the lines that hold Chinese (the lines the program's translated strings wrote;
+    a line with none is a library's, or a table's numbers, and may differ from the English
+    page's where the two editions ran on different instructions, as generated code does)."""
     kept = program_names(example) | UNITS | DEVICES
-    english_lines = {NUMBER.sub("#", line.strip()) for line in output_text(english_page).splitlines()}
-    return [word for line in output_text(chinese_page).splitlines()
-            if NUMBER.sub("#", line.strip()) not in english_lines
+    return [word for line in output_text(chinese_page).splitlines() if HAN.search(line)
             for word in english_words(line) if word not in kept and word.lower() not in kept]
 
 
