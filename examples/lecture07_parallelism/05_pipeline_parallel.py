@@ -533,6 +533,18 @@ if CAN_RUN_RANKS:
 # start to last end on any rank) that the ranks spent outside their stage's
 # forward and backward, averaged over the ranks. It includes the time spent
 # sending activations and gradients, which the formula leaves out.
+#
+# To tell the two apart, each timed step is also *replayed*: every rank keeps
+# its order of operations and their measured durations, but a send takes no
+# time, so an operation starts as soon as its rank is free and its input
+# exists. Replayed with a forward of 1 s and a backward of 2 s on every rank,
+# torch's order of operations gives exactly :math:`(p-1)/(m+p-1)` (the code
+# asserts it for every schedule and :math:`m`): the formula is this replay with
+# equal durations. So the table's three columns split the measured bubble into
+# its causes: *formula* to *replayed* is what unequal durations add (one rank's
+# backward running longer than another's), *replayed* to *measured* is what the
+# sends, and the waits for them, add. The replay can never take longer than
+# the step did, which is asserted too.
 # ``Schedule1F1B`` needs at least one micro-batch per stage, so its points
 # start at :math:`m = p`. GPipe runs forward after forward while its sends are
 # still in flight, and gloo moves them on threads of its own, which need a
@@ -557,14 +569,55 @@ def measured_bubble(step):
     return 1 - statistics.fmean(busy) / makespan(step)
 
 
+def replayed_step(step):
+    """The same step with every send instantaneous: each rank keeps its order of
+    operations and their measured durations, and an operation starts as soon as
+    the rank is free and its input exists (a forward needs the previous stage's
+    forward of that micro-batch, a backward the next stage's backward)."""
+    last = len(step) - 1
+    origin = min(start for events in step for _, _, start, _, _ in events)
+    ends, replayed = {}, [[] for _ in step]
+    while any(len(done) < len(events) for done, events in zip(replayed, step)):
+        progressed = False
+        for rank, events in enumerate(step):
+            while len(replayed[rank]) < len(events):
+                kind, chunk, start, end, on_core = events[len(replayed[rank])]
+                needs = [(kind, rank - 1, chunk)] if kind == "F" and rank > 0 else []
+                needs += [(kind, rank + 1, chunk)] if kind == "B" and rank < last else []
+                if any(need not in ends for need in needs):
+                    break  # wait for the other rank's replay to get there
+                free = replayed[rank][-1][3] if replayed[rank] else origin
+                begin = max([free, *(ends[need] for need in needs)])
+                ends[kind, rank, chunk] = begin + (end - start)
+                replayed[rank].append((kind, chunk, begin, begin + (end - start), on_core))
+                progressed = True
+        assert progressed, "the ranks' orders of operations wait on each other"
+    return replayed
+
+
+def idealised_step(step):
+    """The step's order of operations with a forward lasting 1 s and a backward 2 s on every rank."""
+    return [[(kind, chunk, 0.0, 1.0 if kind == "F" else 2.0, 0.0) for kind, chunk, *_ in events]
+            for events in step]
+
+
 if CAN_RUN_RANKS:
-    bubbles = {(name, m): measured_bubble(least_disturbed_step(timing_results, name, m))
-               for name in SCHEDULES for m in microbatch_counts(name, TIMING_STAGES)}
-    print(f"{'m':>4} {'predicted':>10} " + " ".join(f"{name:>8}" for name in SCHEDULES))
+    timed_steps = {(name, m): least_disturbed_step(timing_results, name, m)
+                   for name in SCHEDULES for m in microbatch_counts(name, TIMING_STAGES)}
+    bubbles = {key: measured_bubble(step) for key, step in timed_steps.items()}
+    replayed = {key: measured_bubble(replayed_step(step)) for key, step in timed_steps.items()}
+    for (name, m), step in timed_steps.items():
+        # torch's order of operations, with equal durations and free sends, is the formula's step.
+        ideal = measured_bubble(replayed_step(idealised_step(step)))
+        assert abs(ideal - predicted_bubble(TIMING_STAGES, m)) < 1e-12, (name, m, ideal)
+        # The replay relaxes only the sends, so it can never take longer than the step did.
+        assert replayed[name, m] <= bubbles[name, m] + 1e-9, (name, m, replayed[name, m], bubbles[name, m])
+    print(f"{'':15}" + "".join(f"{name:>20}" for name in SCHEDULES))
+    print(f"{'m':>4} {'formula':>10}" + f"{'replayed':>10}{'measured':>10}" * len(SCHEDULES))
     for m in MICROBATCH_COUNTS:
-        measured = " ".join(f"{bubbles[name, m]:8.3f}" if (name, m) in bubbles else f"{'-':>8}"
-                            for name in SCHEDULES)
-        print(f"{m:4d} {predicted_bubble(TIMING_STAGES, m):10.3f} {measured}")
+        cells = "".join(f"{replayed[name, m]:10.3f}{bubbles[name, m]:10.3f}" if (name, m) in bubbles
+                        else f"{'-':>10}{'-':>10}" for name in SCHEDULES)
+        print(f"{m:4d} {predicted_bubble(TIMING_STAGES, m):10.3f}{cells}")
 
     # On a shared machine a rank can lose its core mid-matmul: then the ranks take
     # turns instead of overlapping, and the bubble measures the queue for a core.
@@ -652,7 +705,10 @@ if CAN_RUN_RANKS:
 #   Expect the measured bubble above the prediction: it also contains the
 #   sends and receives and the schedule's own bookkeeping, which the formula
 #   leaves out, and on a small CPU model these are not negligible next to a
-#   few milliseconds of matmuls. On a machine whose cores are busy with other
+#   few milliseconds of matmuls. The replay separates them from the unequal
+#   durations of the operations: on a CPU, gloo's sending threads compete with
+#   the ranks for the cores, so the sends take a large part of the gap there.
+#   On a machine whose cores are busy with other
 #   work the ranks take turns instead of overlapping, and the measurement says
 #   so instead of comparing.
 # * GPipe stores all :math:`m` micro-batches' activations at once; 1F1B stores
