@@ -106,6 +106,7 @@ import matplotlib.pyplot as plt
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -282,7 +283,8 @@ def held_bytes(model, optimizer):
     groups = {
         "weights": [local_tensor(p) for p in model.parameters()],
         "gradients": [local_tensor(p.grad) for p in model.parameters()],
-        "optimizer state": [local_tensor(value) for state in optimizer.state.values()
+        # ZeroRedundancyOptimizer keeps this rank's Adam in ``.optim``.
+        "optimizer state": [local_tensor(value) for state in getattr(optimizer, "optim", optimizer).state.values()
                             for key, value in state.items() if key != "step"],
     }
     tensor_bytes = {name: sum(t.numel() * t.element_size() for t in tensors)
@@ -301,7 +303,7 @@ def held_bytes(model, optimizer):
 # whether DDP's C++ reducer or FSDP issues them.
 
 COLLECTIVE_NAMES = {"allreduce_": "all-reduce", "_allgather_base_": "all-gather",
-                    "_reduce_scatter_base_": "reduce-scatter"}
+                    "_reduce_scatter_base_": "reduce-scatter", "broadcast_": "broadcast"}
 
 
 class CollectiveRecorder(TorchDispatchMode):
@@ -360,14 +362,17 @@ def one_step(rank, world_size, stage, model, inputs, targets):
     gc.collect()  # the previous stage's model and optimizer are gone before the baseline
     before = allocated_bytes(device)
     model = model.to(device)
-    if stage == "DDP":
+    if stage in ("DDP", "ZeRO-1"):
         wrapped = DistributedDataParallel(model, device_ids=[rank] if device.type == "cuda" else None,
                                           gradient_as_bucket_view=True)
     else:
         wrapped = shard_with_fsdp(model, world_size, reshard_after_forward=(stage == "ZeRO-3"))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)  # the peak of the step, not of the full copy FSDP shards
-    optimizer = torch.optim.Adam(wrapped.parameters(), lr=LEARNING_RATE)
+    if stage == "ZeRO-1":  # each rank keeps Adam's state of whole parameters, its share of them
+        optimizer = ZeroRedundancyOptimizer(wrapped.parameters(), torch.optim.Adam, lr=LEARNING_RATE)
+    else:
+        optimizer = torch.optim.Adam(wrapped.parameters(), lr=LEARNING_RATE)
     recorder = CollectiveRecorder()
     with recorder:
         loss = mean_squared_error(wrapped, rank_rows(inputs, rank), rank_rows(targets, rank))
@@ -388,7 +393,7 @@ def one_step_of_each(rank, world_size, stages, model, inputs, targets):
             for stage in stages}
 
 
-MEASURED_STAGES = ("DDP", "ZeRO-2", "ZeRO-3")
+MEASURED_STAGES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")
 fp32_model = make_model(torch.float32)
 fp32_batch = make_batch(torch.float32)
 rank_results = run_ranks(one_step_of_each, WORLD_SIZE, MEASURED_STAGES, fp32_model, *fp32_batch,
@@ -404,15 +409,31 @@ measured = {stage: [result[stage] for result in rank_results] for stage in MEASU
 # forward pass until the backward pass instead of gathering them again. After
 # the step it holds ZeRO-3's bytes; *between* the passes it holds the full
 # weights, as ZeRO-2 does (the last column, also asserted).
+#
+# ``ZeRO-1`` is DDP with ``ZeroRedundancyOptimizer``, PyTorch's ZeRO-1. It
+# shards the optimizer state by whole parameters, not by rows: sorted by size,
+# largest first, each parameter goes to the rank that holds the fewest
+# elements so far (its documented sorted-greedy partition). The prediction
+# applies that rule to the model's parameters.
 
 FP32_BYTES = {"weights": 4, "gradients": 4, "optimizer state": 8}
 params_total = sum(p.numel() for p in fp32_model.parameters())
 
 
+def greedy_partition(sizes, ranks):
+    """Elements each rank gets when the sizes, largest first, go to the least loaded rank."""
+    loads = [0] * ranks
+    for size in sorted(sizes, reverse=True):
+        loads[loads.index(min(loads))] += size  # ties: the lowest rank, as torch's _get_min_index
+    return loads
+
+
 def predicted_bytes(stage, rank):
     """fp32 bytes of weights, gradients, Adam moments that ``rank`` keeps under ``stage``."""
     kept, _ = predicted_shard_elements(fp32_model, rank, WORLD_SIZE)
-    sharded = {"DDP": (), "ZeRO-2": ("weights", "gradients", "optimizer state"),
+    if stage == "ZeRO-1":
+        kept = greedy_partition([p.numel() for p in fp32_model.parameters()], WORLD_SIZE)[rank]
+    sharded = {"DDP": (), "ZeRO-1": ("optimizer state",), "ZeRO-2": ("weights", "gradients", "optimizer state"),
                "ZeRO-3": ("weights", "gradients", "optimizer state")}[stage]
     return {part: size * (kept if part in sharded else params_total)
             for part, size in FP32_BYTES.items()}
@@ -423,7 +444,7 @@ def check_held_bytes(stage, rank, result):
     prediction = predicted_bytes(stage, rank)
     assert result["tensor_bytes"] == prediction, (stage, rank, result["tensor_bytes"], prediction)
     kept, padded = predicted_shard_elements(fp32_model, rank, WORLD_SIZE)
-    stored_weights = FP32_BYTES["weights"] * (params_total if stage == "DDP" else padded)
+    stored_weights = FP32_BYTES["weights"] * (params_total if stage in ("DDP", "ZeRO-1") else padded)
     assert result["storage_bytes"]["weights"] == stored_weights, (stage, rank, result)
     for part in ("gradients", "optimizer state"):  # padded or not, by FSDP version
         assert prediction[part] <= result["storage_bytes"][part] <= stored_weights * (
@@ -491,6 +512,13 @@ fig.tight_layout()
 # reduce-scatters its gradients: :math:`3\frac{N-1}{N}\Psi`, 1.5 times DDP's
 # traffic, in exchange for the smallest memory. (The all-gather after the
 # update of ZeRO-1/2 is, in FSDP, the next step's forward all-gather.)
+# PyTorch's ZeRO-1 does not take that form: ``ZeroRedundancyOptimizer`` leaves
+# DDP's all-reduce as it is, so every rank gets every summed gradient, and
+# after the step each rank broadcasts the parameters it updated. A broadcast of
+# :math:`S` bytes, pipelined along a ring or a tree, costs each rank but one
+# :math:`S` sent, :math:`\frac{N-1}{N} S` on average: the step sends
+# :math:`3\frac{N-1}{N}\Psi`, ZeRO-3's traffic without ZeRO-3's memory. The
+# saving is in memory only; the traffic is what the implementation chose.
 # :ref:`sphx_glr_auto_examples_lecture07_parallelism_01_collectives.py`
 # measured that all-reduce = reduce-scatter + all-gather; here we record
 # which collectives each run issued and with how many bytes, and assert that
@@ -499,7 +527,8 @@ fig.tight_layout()
 
 RING_FACTOR = {"all-reduce": 2 * (WORLD_SIZE - 1) / WORLD_SIZE,
                "all-gather": (WORLD_SIZE - 1) / WORLD_SIZE,
-               "reduce-scatter": (WORLD_SIZE - 1) / WORLD_SIZE}
+               "reduce-scatter": (WORLD_SIZE - 1) / WORLD_SIZE,
+               "broadcast": (WORLD_SIZE - 1) / WORLD_SIZE}  # averaged over the ranks
 
 
 def padded_elements(layer, ranks):
@@ -512,6 +541,9 @@ def predicted_messages(stage):
     """(collective, bytes of its whole buffer) that one step of ``stage`` issues, sorted."""
     if stage == "DDP":
         return [("all-reduce", FP32_BYTES["gradients"] * params_total)]
+    if stage == "ZeRO-1":  # DDP's all-reduce, then one broadcast per parameter from its owner
+        return sorted([("all-reduce", FP32_BYTES["gradients"] * params_total)]
+                      + [("broadcast", FP32_BYTES["weights"] * p.numel()) for p in fp32_model.parameters()])
     gathers_per_layer = 2 if stage == "ZeRO-3" else 1
     messages = []
     for layer in linear_layers(fp32_model):
@@ -533,9 +565,10 @@ def sent_per_rank(messages):
 
 
 padded_params = sum(padded_elements(layer, WORLD_SIZE) for layer in linear_layers(fp32_model))
-PSI_FACTOR = {"DDP": 2 * params_total, "ZeRO-2": 2 * padded_params, "ZeRO-3": 3 * padded_params}
+PSI_FACTOR = {"DDP": 2 * params_total, "ZeRO-1": 3 * params_total, "ZeRO-2": 2 * padded_params,
+              "ZeRO-3": 3 * padded_params}
 print(f"\ncollectives per step ({params_total} parameters, {padded_params} after padding):")
-print(f"{'stage':<8}{'all-reduce':>11}{'all-gather':>11}{'red-scatter':>12}"
+print(f"{'stage':<8}{'all-reduce':>11}{'all-gather':>11}{'red-scatter':>12}{'broadcast':>10}"
       f"{'sent/rank B':>12}{'formula B':>11}")
 for stage in MEASURED_STAGES:
     for rank, result in enumerate(measured[stage]):
@@ -547,7 +580,7 @@ for stage in MEASURED_STAGES:
     sent = sent_per_rank(raw)
     # Sums of len(raw) exact sizes times a rounded ring factor, against 2 roundings: float64's few steps.
     torch.testing.assert_close(sent, formula, rtol=(len(raw) + 3) * 2**-53, atol=0, msg=stage)
-    print(f"{stage:<8}{counts[0]:>11}{counts[1]:>11}{counts[2]:>12}{sent:>12.0f}{formula:>11.0f}")
+    print(f"{stage:<8}{counts[0]:>11}{counts[1]:>11}{counts[2]:>12}{counts[3]:>10}{sent:>12.0f}{formula:>11.0f}")
 zero3_over_ddp = sent_per_rank(measured["ZeRO-3"][0]["messages"]) / sent_per_rank(
     measured["DDP"][0]["messages"])
 print(f"ZeRO-3 sends {zero3_over_ddp:.3f} x DDP's bytes (1.5 x, plus padding)")
@@ -723,7 +756,10 @@ print(f"FSDP2 on {WORLD_SIZE} ranks = one process (float64): reduce-scattered gr
 # every GPU. Sharding it (ZeRO-1) recovers most of the memory without any
 # extra communication; sharding gradients too (ZeRO-2) is also free; only
 # sharding the weights (ZeRO-3, FSDP) costs more traffic, half as much again,
-# because every layer's weights are gathered twice per step.
+# because every layer's weights are gathered twice per step. "Free" holds for
+# the paper's reduce-scatter and all-gather: PyTorch's
+# ``ZeroRedundancyOptimizer`` keeps DDP's all-reduce and adds broadcasts, as
+# much traffic as ZeRO-3, which the communication table counts.
 #
 # The tables show the same accounting, measured on real shards: each FSDP
 # rank holds its share of every tensor (on two ranks, rank 0 one row more
