@@ -122,8 +122,8 @@ LAYOUT_EXAMPLE = EXAMPLES / "06_choosing_a_layout.py"
 
 
 @pytest.mark.parametrize(("anchor", "planted", "named"), [
-    ("        module = stage_slice(model, rank, stages)",
-     "        module = stage_slice(model, stages - 1 - rank, stages)  # planted: stages reversed",
+    ("TimedStage(stage_slice(model, index, chunks * ranks)",
+     "TimedStage(stage_slice(model, chunks * ranks - 1 - index, chunks * ranks)",  # planted: stages reversed
      "GPipe: pipeline loss"),
     ("loss_fn=nn.functional.mse_loss)",
      "loss_fn=nn.functional.mse_loss, scale_grads=False)  # planted: summed, not averaged",

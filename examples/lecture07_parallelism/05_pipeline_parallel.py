@@ -1,11 +1,12 @@
 """
-Pipeline parallel: GPipe, 1F1B and the bubble
-=============================================
+Pipeline parallel: GPipe, 1F1B, interleaving and the bubble
+===========================================================
 
 A model too deep for one GPU can be cut into consecutive *stages*, one per
-rank, with activations sent forward and gradients sent back. We run the GPipe
-and 1F1B schedules of ``torch.distributed.pipelining`` on a stack of linear
-layers, check them against the unsplit model, draw their timelines, and
+rank, with activations sent forward and gradients sent back. We run the GPipe,
+1F1B and interleaved 1F1B schedules of ``torch.distributed.pipelining`` on a
+stack of linear layers, check them against the unsplit model, draw their
+timelines, and
 measure the idle time at the start and end of each step (the *bubble*) as the
 number of micro-batches grows.
 
@@ -108,7 +109,12 @@ import statistics
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+)
 
 
 def skip_or_fail(section, capability, reason):
@@ -154,7 +160,8 @@ def gpu_name(rank, world_size):
 CORES = os.cpu_count() or 1
 LAYERS_PER_STAGE = 6
 TIMED_STEPS = 3
-SCHEDULES = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}
+SCHEDULES = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B, "Int-1F1B": ScheduleInterleaved1F1B}
+CHUNKS = {"GPipe": 1, "1F1B": 1, "Int-1F1B": 2}  # model chunks (stages) per rank: v
 if USE_NCCL:
     TIMING_STAGES = min(torch.cuda.device_count(), 8)  # a stage per GPU
     CHECK_STAGES = min(torch.cuda.device_count(), 4)
@@ -198,7 +205,7 @@ class TimedStage(PipelineStage):
     def __init__(self, module, stage_index, num_stages, device):
         super().__init__(module, stage_index, num_stages, device)
         self.timed_device = device
-        self.events = []  # (kind, micro-batch, start, end, seconds on a core)
+        self.events = []  # (kind, micro-batch, start, end, seconds on a core, stage)
 
     def _timed(self, kind, chunk, run):
         # CUDA spins while it waits when a process has fewer GPU contexts than the machine has
@@ -208,7 +215,7 @@ class TimedStage(PipelineStage):
         output = run()
         synchronize(self.timed_device)  # on a GPU: its matmuls have run, not just been queued
         self.events.append((kind, chunk, start, time.perf_counter(),
-                            time.thread_time() - start_on_core))
+                            time.thread_time() - start_on_core, self.stage_index))
         return output
 
     def forward_one_chunk(self, chunk, *args, **kwargs):
@@ -220,28 +227,37 @@ class TimedStage(PipelineStage):
             chunk, *args, **kwargs))
 
 
-def make_schedule(rank, stages, module, schedule_name, microbatches):
-    """Stage ``rank`` of ``stages`` holding ``module`` on the rank's device, and its schedule."""
-    device = rank_device(rank)
-    stage = TimedStage(module.to(device), rank, stages, device)
-    return stage, SCHEDULES[schedule_name](stage, microbatches, loss_fn=nn.functional.mse_loss)
+def make_schedule(rank, ranks, model, schedule_name, microbatches):
+    """The stages rank ``rank`` of ``ranks`` holds, on its device, and their schedule.
+
+    With v chunks per rank the model is cut into v p stages, and rank r holds
+    stages r, r + p, ..., spread along the model.
+    """
+    device, chunks = rank_device(rank), CHUNKS[schedule_name]
+    stages = [TimedStage(stage_slice(model, index, chunks * ranks).to(device), index, chunks * ranks, device)
+              for index in range(rank, chunks * ranks, ranks)]
+    schedule_class = SCHEDULES[schedule_name]
+    return stages, schedule_class(stages if chunks > 1 else stages[0], microbatches,
+                                  loss_fn=nn.functional.mse_loss)
 
 
-def train_step(rank, stages, stage, schedule, inputs, targets):
+def train_step(rank, ranks, stages, schedule, inputs, targets):
     """One step: the first stage feeds the inputs, the last compares with the targets.
 
-    Returns this step's (kind, micro-batch, start, end, seconds on a core) events and, on the last
-    stage, the micro-batches' losses.
+    Returns this step's (kind, micro-batch, start, end, seconds on a core, stage) events and, on
+    the rank of the last stage, the micro-batches' losses.
     """
-    stage.events = []
+    for stage in stages:
+        stage.events = []
     losses = []
     if rank == 0:
-        schedule.step(inputs.to(stage.timed_device))
-    elif rank == stages - 1:
-        schedule.step(target=targets.to(stage.timed_device), losses=losses)
+        schedule.step(inputs.to(stages[0].timed_device))
+    elif rank == ranks - 1:
+        schedule.step(target=targets.to(stages[0].timed_device), losses=losses)
     else:
         schedule.step()
-    return stage.events, [loss.item() for loss in losses]
+    events = sorted((event for stage in stages for event in stage.events), key=lambda event: event[2])
+    return events, [loss.item() for loss in losses]
 
 
 # %%
@@ -256,22 +272,31 @@ def train_step(rank, stages, stage, schedule, inputs, targets):
 # Narayanan et al. 2019, in the flushed form that Megatron-LM uses, Narayanan
 # et al. 2021) reorders the same work, a backward as soon as one is possible,
 # so its bubble is the same; what it saves is memory, as the last section
-# counts.
+# counts. The interleaved 1F1B of Narayanan et al. (2021) cuts the model into
+# :math:`v p` smaller stages and gives rank :math:`r` the stages
+# :math:`r, r + p, \dots`: a micro-batch passes each rank :math:`v` times, in
+# slots :math:`v` times shorter, and the idle slots at the two ends shrink
+# with them, to a bubble of :math:`\frac{(p-1)/v}{m + (p-1)/v}`, for
+# :math:`v` times as many sends. Here :math:`v = 2` (``Int-1F1B``).
 
 
-def predicted_bubble(stages, microbatches):
-    return (stages - 1) / (microbatches + stages - 1)
+def predicted_bubble(stages, microbatches, chunks=1):
+    return (stages - 1) / chunks / (microbatches + (stages - 1) / chunks)
 
 
 print(f"predicted bubble, p = {TIMING_STAGES}:  "
       + "  ".join(f"m={m}: {predicted_bubble(TIMING_STAGES, m):.3f}" for m in MICROBATCH_COUNTS))
+print(f"interleaved, v = {CHUNKS['Int-1F1B']}:      "
+      + "  ".join(f"m={m}: {predicted_bubble(TIMING_STAGES, m, CHUNKS['Int-1F1B']):.3f}"
+                  for m in MICROBATCH_COUNTS))
 
 
 # %%
 # Check: the pipeline computes what the unsplit model computes
 # ------------------------------------------------------------
-# Four stages (one per GPU if there are fewer) of two layers each, on an
-# awkward width, in float64. Each rank runs one step of both schedules and one
+# Four ranks (one per GPU if there are fewer) of two layers each (two stages
+# of one layer under ``Int-1F1B``), on an
+# awkward width, in float64. Each rank runs one step of each schedule and one
 # SGD update on its own layers; the parent compares the losses, gradients and
 # updated weights with one process running the whole model on the whole batch. The schedules average the
 # micro-batches' gradients (``scale_grads=True``), so the two should agree to
@@ -289,18 +314,19 @@ CHECK_WIDTH, CHECK_ROWS_PER_MICROBATCH, CHECK_MICROBATCHES = 37, 5, 8
 LEARNING_RATE = 0.1
 
 
-def check_worker(rank, stages, model, inputs, targets, microbatches):
+def check_worker(rank, ranks, model, inputs, targets, microbatches):
     results = {}
     for schedule_name in SCHEDULES:
-        module = stage_slice(model, rank, stages)
-        stage, schedule = make_schedule(rank, stages, module, schedule_name, microbatches)
-        events, losses = train_step(rank, stages, stage, schedule, inputs, targets)
-        grads = [p.grad.clone().cpu() for p in module.parameters()]
-        with torch.no_grad():
-            for p in module.parameters():
-                p -= LEARNING_RATE * p.grad
-        results[schedule_name] = {"events": events, "losses": losses, "grads": grads,
-                                  "weights": [p.detach().clone().cpu() for p in module.parameters()]}
+        stages, schedule = make_schedule(rank, ranks, model, schedule_name, microbatches)
+        events, losses = train_step(rank, ranks, stages, schedule, inputs, targets)
+        grads, weights = {}, {}
+        for stage in stages:  # by stage index: the parent puts the model back in order
+            grads[stage.stage_index] = [p.grad.clone().cpu() for p in stage.submod.parameters()]
+            with torch.no_grad():
+                for p in stage.submod.parameters():
+                    p -= LEARNING_RATE * p.grad
+            weights[stage.stage_index] = [p.detach().clone().cpu() for p in stage.submod.parameters()]
+        results[schedule_name] = {"events": events, "losses": losses, "grads": grads, "weights": weights}
     return results
 
 
@@ -410,8 +436,10 @@ if CAN_RUN_RANKS:
     for schedule_name in SCHEDULES:
         per_rank = [result[schedule_name] for result in check_results]
         pipeline_loss = statistics.fmean(per_rank[-1]["losses"])  # equal micro-batches
-        got_grads = [g for result in per_rank for g in result["grads"]]
-        got_weights = [w for result in per_rank for w in result["weights"]]
+        got_grads = [g for _, grads in sorted(item for result in per_rank for item in result["grads"].items())
+                     for g in grads]
+        got_weights = [w for _, weights in sorted(item for result in per_rank
+                                                  for item in result["weights"].items()) for w in weights]
         assert len(got_grads) == len(want_grads), "the stages do not hold every layer once"
         assert_matches(f"{schedule_name}: pipeline loss", *(torch.tensor(value, dtype=torch.float64)
                                                              for value in (pipeline_loss, want_loss, loss_bound)))
@@ -421,7 +449,7 @@ if CAN_RUN_RANKS:
             assert_matches(f"{schedule_name} weight {i}", got, want, bound)
         worst = max(((g - w).abs().max() / w.abs().max()).item()
                     for g, w in zip(got_grads, want_grads))
-        print(f"{schedule_name:5s} {CHECK_STAGES} stages x {CHECK_MICROBATCHES} micro-batches: "
+        print(f"{schedule_name:8s} {CHECK_STAGES} ranks x {CHECK_MICROBATCHES} micro-batches: "
               f"loss {pipeline_loss:.12f} (unsplit {want_loss:.12f}), "
               f"worst gradient difference {worst:.1e} of its largest entry")
 else:
@@ -429,7 +457,7 @@ else:
 
 
 # %%
-# Measure: the two schedules' timelines
+# Measure: the schedules' timelines
 # -------------------------------------
 # Now the float32 stack that keeps each rank busy for milliseconds per
 # micro-batch. For every schedule and micro-batch count each rank runs one
@@ -443,24 +471,24 @@ else:
 
 
 def microbatch_counts(schedule_name, stages):
-    """torch's 1F1B needs at least one micro-batch per stage; GPipe runs any count."""
+    """torch's 1F1B schedules need at least one micro-batch per rank; GPipe runs any count."""
     return [m for m in MICROBATCH_COUNTS if schedule_name == "GPipe" or m >= stages]
 
 
-def timing_worker(rank, stages, model):
+def timing_worker(rank, ranks, model):
     torch.manual_seed(1 + rank)
-    module = stage_slice(model, rank, stages)
     steps = {}
     for schedule_name in SCHEDULES:
-        for microbatches in microbatch_counts(schedule_name, stages):
+        for microbatches in microbatch_counts(schedule_name, ranks):
             inputs = torch.randn(MICROBATCH_ROWS * microbatches, WIDTH, device=rank_device(rank))
             targets = torch.randn_like(inputs)
-            stage, schedule = make_schedule(rank, stages, module, schedule_name, microbatches)
+            stages, schedule = make_schedule(rank, ranks, model, schedule_name, microbatches)
             timed = []
             for _ in range(1 + TIMED_STEPS):  # the first step also sets the stage up
                 dist.barrier()  # all ranks start the step together
-                events, _ = train_step(rank, stages, stage, schedule, inputs, targets)
-                module.zero_grad()
+                events, _ = train_step(rank, ranks, stages, schedule, inputs, targets)
+                for stage in stages:
+                    stage.submod.zero_grad()
                 timed.append(events)
             steps[schedule_name, microbatches] = timed[1:]
     return steps
@@ -473,8 +501,8 @@ def step_of(timing_results, schedule_name, microbatches, index):
 
 def makespan(step):
     """Seconds from the first event's start on any rank to the last event's end."""
-    starts = [start for events in step for _, _, start, _, _ in events]
-    ends = [end for events in step for _, _, _, end, _ in events]
+    starts = [start for events in step for _, _, start, *_ in events]
+    ends = [end for events in step for _, _, _, end, *_ in events]
     return max(ends) - min(starts)
 
 
@@ -486,12 +514,14 @@ def least_disturbed_step(timing_results, schedule_name, microbatches):
 
 def draw_timeline(ax, ranks_events, title):
     """One row of F and B bars per rank, in ms from the step's first event."""
-    origin = min(start for events in ranks_events for _, _, start, _, _ in events)
-    colours = {"F": "tab:blue", "B": "tab:orange"}
+    origin = min(start for events in ranks_events for _, _, start, *_ in events)
+    colours = {"F": ("tab:blue", "lightsteelblue"), "B": ("tab:orange", "burlywood")}
+    ranks = len(ranks_events)
     for rank, events in enumerate(ranks_events):
-        for kind, chunk, start, end, _ in events:
+        for kind, chunk, start, end, _, stage in events:
             left, width = 1e3 * (start - origin), 1e3 * (end - start)
-            ax.broken_barh([(left, width)], (rank - 0.4, 0.8), facecolors=colours[kind],
+            # A rank's later model chunk (interleaved) in the lighter shade.
+            ax.broken_barh([(left, width)], (rank - 0.4, 0.8), facecolors=colours[kind][stage // ranks],
                            edgecolor="white")
             ax.text(left + width / 2, rank, str(chunk), ha="center", va="center",
                     fontsize="x-small", color="white")
@@ -509,7 +539,8 @@ if CAN_RUN_RANKS:
           f"in {time.perf_counter() - start:.1f} s")
 
     shown_m = min(m for m in MICROBATCH_COUNTS if m >= 2 * TIMING_STAGES)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 1.2 + 0.6 * TIMING_STAGES), sharex=True)
+    fig, axes = plt.subplots(len(SCHEDULES), 1, figsize=(9, 0.4 + 1.8 * len(SCHEDULES) * (0.4 + 0.3 * TIMING_STAGES)),
+                             sharex=True)
     for ax, schedule_name in zip(axes, SCHEDULES):
         step = least_disturbed_step(timing_results, schedule_name, shown_m)
         draw_timeline(ax, step, f"{schedule_name}, p = {TIMING_STAGES}, m = {shown_m}")
@@ -524,7 +555,9 @@ if CAN_RUN_RANKS:
 # all backwards, in micro-batch order; in 1F1B the first stage starts the
 # backward of micro-batch 0 as soon as its gradient comes back, and then
 # alternates. Both leave the same idle time at the start and the end of the
-# step. A backward takes about twice as long as a forward: it computes the
+# step. The interleaved schedule's bars are half as long, each rank's second
+# model chunk in the lighter shade, and a micro-batch crosses every rank twice.
+# A backward takes about twice as long as a forward: it computes the
 # gradients of both the inputs and the weights.
 #
 # Measure: the bubble against the number of micro-batches
@@ -561,11 +594,11 @@ def on_core_fraction(step):
     device thread, whose time on a core ``time.thread_time`` does not see.
     """
     timed = [event for events in step for event in events if not USE_NCCL or event[0] == "F"]
-    return sum(on_core for *_, on_core in timed) / sum(end - start for _, _, start, end, _ in timed)
+    return sum(on_core for *_, on_core, _ in timed) / sum(end - start for _, _, start, end, *_ in timed)
 
 
 def measured_bubble(step):
-    busy = [sum(end - start for _, _, start, end, _ in events) for events in step]
+    busy = [sum(end - start for _, _, start, end, *_ in events) for events in step]
     return 1 - statistics.fmean(busy) / makespan(step)
 
 
@@ -574,22 +607,22 @@ def replayed_step(step):
     operations and their measured durations, and an operation starts as soon as
     the rank is free and its input exists (a forward needs the previous stage's
     forward of that micro-batch, a backward the next stage's backward)."""
-    last = len(step) - 1
-    origin = min(start for events in step for _, _, start, _, _ in events)
+    last = max(stage for events in step for *_, stage in events)
+    origin = min(start for events in step for _, _, start, *_ in events)
     ends, replayed = {}, [[] for _ in step]
     while any(len(done) < len(events) for done, events in zip(replayed, step)):
         progressed = False
         for rank, events in enumerate(step):
             while len(replayed[rank]) < len(events):
-                kind, chunk, start, end, on_core = events[len(replayed[rank])]
-                needs = [(kind, rank - 1, chunk)] if kind == "F" and rank > 0 else []
-                needs += [(kind, rank + 1, chunk)] if kind == "B" and rank < last else []
+                kind, chunk, start, end, on_core, stage = events[len(replayed[rank])]
+                needs = [(kind, stage - 1, chunk)] if kind == "F" and stage > 0 else []
+                needs += [(kind, stage + 1, chunk)] if kind == "B" and stage < last else []
                 if any(need not in ends for need in needs):
                     break  # wait for the other rank's replay to get there
                 free = replayed[rank][-1][3] if replayed[rank] else origin
                 begin = max([free, *(ends[need] for need in needs)])
-                ends[kind, rank, chunk] = begin + (end - start)
-                replayed[rank].append((kind, chunk, begin, begin + (end - start), on_core))
+                ends[kind, stage, chunk] = begin + (end - start)
+                replayed[rank].append((kind, chunk, begin, begin + (end - start), on_core, stage))
                 progressed = True
         assert progressed, "the ranks' orders of operations wait on each other"
     return replayed
@@ -597,7 +630,7 @@ def replayed_step(step):
 
 def idealised_step(step):
     """The step's order of operations with a forward lasting 1 s and a backward 2 s on every rank."""
-    return [[(kind, chunk, 0.0, 1.0 if kind == "F" else 2.0, 0.0) for kind, chunk, *_ in events]
+    return [[(kind, chunk, 0.0, 1.0 if kind == "F" else 2.0, 0.0, stage) for kind, chunk, *_, stage in events]
             for events in step]
 
 
@@ -609,15 +642,16 @@ if CAN_RUN_RANKS:
     for (name, m), step in timed_steps.items():
         # torch's order of operations, with equal durations and free sends, is the formula's step.
         ideal = measured_bubble(replayed_step(idealised_step(step)))
-        assert abs(ideal - predicted_bubble(TIMING_STAGES, m)) < 1e-12, (name, m, ideal)
+        assert abs(ideal - predicted_bubble(TIMING_STAGES, m, CHUNKS[name])) < 1e-12, (name, m, ideal)
         # The replay relaxes only the sends, so it can never take longer than the step did.
         assert replayed[name, m] <= bubbles[name, m] + 1e-9, (name, m, replayed[name, m], bubbles[name, m])
-    print(f"{'':15}" + "".join(f"{name:>20}" for name in SCHEDULES))
-    print(f"{'m':>4} {'formula':>10}" + f"{'replayed':>10}{'measured':>10}" * len(SCHEDULES))
+    print(f"{'':4}" + "".join(f"{name:>27}" for name in SCHEDULES))
+    print(f"{'m':>4}" + f"{'formula':>9}{'replayed':>9}{'measured':>9}" * len(SCHEDULES))
     for m in MICROBATCH_COUNTS:
-        cells = "".join(f"{replayed[name, m]:10.3f}{bubbles[name, m]:10.3f}" if (name, m) in bubbles
-                        else f"{'-':>10}{'-':>10}" for name in SCHEDULES)
-        print(f"{m:4d} {predicted_bubble(TIMING_STAGES, m):10.3f}{cells}")
+        cells = "".join(
+            f"{predicted_bubble(TIMING_STAGES, m, CHUNKS[name]):9.3f}{replayed[name, m]:9.3f}{bubbles[name, m]:9.3f}"
+            if (name, m) in bubbles else f"{'-':>9}{'-':>9}{'-':>9}" for name in SCHEDULES)
+        print(f"{m:4d}{cells}")
 
     # On a shared machine a rank can lose its core mid-matmul: then the ranks take
     # turns instead of overlapping, and the bubble measures the queue for a core.
@@ -629,7 +663,9 @@ if CAN_RUN_RANKS:
     many_m = torch.logspace(0, 5, 100, base=2).tolist()
     ax.plot(many_m, [predicted_bubble(TIMING_STAGES, m) for m in many_m], color="black",
             label="predicted (p-1)/(m+p-1)")
-    for name, marker in zip(SCHEDULES, "os"):
+    ax.plot(many_m, [predicted_bubble(TIMING_STAGES, m, CHUNKS["Int-1F1B"]) for m in many_m], color="black",
+            linestyle="--", label="predicted, interleaved, v = 2")
+    for name, marker in zip(SCHEDULES, "os^"):
         counts = microbatch_counts(name, TIMING_STAGES)
         ax.plot(counts, [bubbles[name, m] for m in counts], marker, label=f"measured, {name}")
     ax.set_xscale("log", base=2)
@@ -642,16 +678,17 @@ if CAN_RUN_RANKS:
     ax.legend(frameon=False)
     fig.tight_layout()
 
-    # GPipe's sends stay in flight while it computes; gloo moves them on threads
-    # of its own, which need a core beside each computing rank (NCCL, on the GPU).
+    # GPipe's sends stay in flight while it computes, and the interleaved schedule sends v times
+    # as often; gloo moves them on threads of its own, which need a core beside each computing
+    # rank (NCCL, on the GPU).
     compared = [name for name in SCHEDULES
-                if name != "GPipe" or USE_NCCL or CORES >= 2 * TIMING_STAGES]
+                if name == "1F1B" or USE_NCCL or CORES >= 2 * TIMING_STAGES]
     if on_core < 0.9:
         print("Other processes took this machine's cores during the timing: the measured "
               "bubble is not compared with the prediction.")
         compared = []
-    elif "GPipe" not in compared:
-        print(f"GPipe's bubble is not compared: {CORES} cores leave none spare for gloo's "
+    elif compared == ["1F1B"]:
+        print(f"GPipe's and Int-1F1B's bubbles are not compared: {CORES} cores leave none spare for gloo's "
               f"sending threads beside {TIMING_STAGES} computing ranks.")
     for name in compared:
         counts = microbatch_counts(name, TIMING_STAGES)
@@ -670,7 +707,13 @@ if CAN_RUN_RANKS:
 # had not. GPipe holds all :math:`m` of them on every rank; 1F1B holds at most
 # :math:`p` (on stage :math:`r`, :math:`p-r`), however large :math:`m` grows.
 # That is why 1F1B, with the same bubble, allows the many micro-batches that
-# make the bubble small.
+# make the bubble small. The interleaved schedule warms up with more, smaller
+# forwards: rank :math:`r` runs :math:`2(p-1-r) + (v-1)p` of them before its
+# first backward (when :math:`p` divides :math:`m`), so it holds one more
+# than that, each of :math:`1/v` of its layers. On rank 0 that is
+# :math:`(2p + (v-1)p - 1)/v` micro-batches' worth of its layers against
+# 1F1B's :math:`p`: interleaving buys its smaller bubble with more sends and
+# somewhat more memory.
 
 
 def peak_in_flight(events):
@@ -685,19 +728,26 @@ if CAN_RUN_RANKS:
     peaks = {name: [peak_in_flight(result[name]["events"]) for result in check_results]
              for name in SCHEDULES}
     print(f"peak micro-batches in flight, p = {CHECK_STAGES}, m = {CHECK_MICROBATCHES}")
-    print(f"{'rank':>6} " + " ".join(f"{name:>6}" for name in SCHEDULES))
+    print(f"{'rank':>6} " + " ".join(f"{name:>9}" for name in SCHEDULES))
     for rank in range(CHECK_STAGES):
-        print(f"{rank:6d} " + " ".join(f"{peaks[name][rank]:6d}" for name in SCHEDULES))
+        print(f"{rank:6d} " + " ".join(f"{peaks[name][rank]:9d}" for name in SCHEDULES))
     assert peaks["GPipe"] == [CHECK_MICROBATCHES] * CHECK_STAGES, peaks
     assert peaks["1F1B"] == [min(CHECK_MICROBATCHES, CHECK_STAGES - r)
                              for r in range(CHECK_STAGES)], peaks
     assert max(peaks["1F1B"]) <= CHECK_STAGES < CHECK_MICROBATCHES
+    # Interleaved: forwards of 2(p-1-r) + (v-1) q chunks before the first backward, q the micro-batches
+    # per round (p when p divides m), and one more (each of a rank's chunks holds 1/v of its layers).
+    v, q = CHUNKS["Int-1F1B"], CHECK_MICROBATCHES // max(1, CHECK_MICROBATCHES // CHECK_STAGES)
+    assert peaks["Int-1F1B"] == [min(v * CHECK_MICROBATCHES, 2 * (CHECK_STAGES - 1 - r) + (v - 1) * q + 1)
+                                 for r in range(CHECK_STAGES)], peaks
+    print(f"Int-1F1B counts chunks of 1/{v} of a rank's layers: rank 0 holds {peaks['Int-1F1B'][0] / v:g} "
+          f"micro-batches' worth of its layers, 1F1B {peaks['1F1B'][0]}")
 
 
 # %%
 # What to take away
 # -----------------
-# * Cutting a model into stages changes nothing in the arithmetic: both
+# * Cutting a model into stages changes nothing in the arithmetic: all three
 #   schedules produce the unsplit model's loss, gradients and weights, as the
 #   check above asserts to rounding in float64.
 # * The bubble is the price of the pipeline: with :math:`p` stages it falls
@@ -716,10 +766,14 @@ if CAN_RUN_RANKS:
 #   bubble, affordable in memory.
 # * With NCCL the stages talk over the GPUs' links (NVLink or PCIe inside a
 #   machine, InfiniBand between machines), and the compute per micro-batch is
-#   far larger, so the send time matters less. Interleaved schedules, which
-#   give each rank several smaller stages, shrink the bubble further at the
-#   cost of more sends (Narayanan et al. 2021). The timings here describe
-#   what the first line of output names, nothing more.
+#   far larger, so the send time matters less. The interleaved schedule,
+#   which gives each rank several smaller stages, shrinks the bubble by
+#   :math:`v` at the cost of :math:`v` times the sends (Narayanan et al. 2021):
+#   its replay with equal durations is the formula, asserted above, but on
+#   CPU ranks over gloo the extra sends can cost more than the bubble saves,
+#   which is why it is compared only where the sends have cores or GPUs of
+#   their own. The timings here describe what the first line of output names,
+#   nothing more.
 
 KEY_FIGURES = {"device": DEVICE_NAME, "stages_timed": TIMING_STAGES}
 if CAN_RUN_RANKS:
