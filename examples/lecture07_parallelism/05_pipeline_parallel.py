@@ -286,7 +286,7 @@ def predicted_bubble(stages, microbatches, chunks=1):
 
 print(f"predicted bubble, p = {TIMING_STAGES}:  "
       + "  ".join(f"m={m}: {predicted_bubble(TIMING_STAGES, m):.3f}" for m in MICROBATCH_COUNTS))
-print(f"interleaved, v = {CHUNKS['Int-1F1B']}:      "
+print(f"interleaved, v = {CHUNKS['Int-1F1B']}:       "
       + "  ".join(f"m={m}: {predicted_bubble(TIMING_STAGES, m, CHUNKS['Int-1F1B']):.3f}"
                   for m in MICROBATCH_COUNTS))
 
@@ -571,19 +571,20 @@ if CAN_RUN_RANKS:
 # its order of operations and their measured durations, but a send takes no
 # time, so an operation starts as soon as its rank is free and its input
 # exists. Replayed with a forward of 1 s and a backward of 2 s on every rank,
-# torch's order of operations gives exactly :math:`(p-1)/(m+p-1)` (the code
-# asserts it for every schedule and :math:`m`): the formula is this replay with
-# equal durations. So the table's three columns split the measured bubble into
+# torch's order of operations gives exactly the formula of its schedule (the
+# code asserts it for every schedule and :math:`m`): the formula is this
+# replay with equal durations. So the table's three columns split the measured bubble into
 # its causes: *formula* to *replayed* is what unequal durations add (one rank's
 # backward running longer than another's), *replayed* to *measured* is what the
 # sends, and the waits for them, add. The replay can never take longer than
 # the step did, which is asserted too.
-# ``Schedule1F1B`` needs at least one micro-batch per stage, so its points
+# ``Schedule1F1B`` needs at least one micro-batch per rank, so its points
 # start at :math:`m = p`. GPipe runs forward after forward while its sends are
 # still in flight, and gloo moves them on threads of its own, which need a
-# core too; so GPipe's bubble is compared with the prediction only where the
-# machine has a spare core per rank (with NCCL, the GPUs move them: always),
-# and neither is compared when other processes held the cores during the
+# core too; so GPipe's bubble, and the interleaved schedule's, which sends
+# twice as often, are compared with the prediction only where the machine has
+# a spare core per rank (with NCCL, the GPUs move them: always), and none is
+# compared when other processes held the cores during the
 # timing (the printout says which).
 
 
