@@ -515,8 +515,9 @@ fig.tight_layout()
 # PyTorch's ZeRO-1 does not take that form: ``ZeroRedundancyOptimizer`` leaves
 # DDP's all-reduce as it is, so every rank gets every summed gradient, and
 # after the step each rank broadcasts the parameters it updated. A broadcast of
-# :math:`S` bytes, pipelined along a ring or a tree, costs each rank but one
-# :math:`S` sent, :math:`\frac{N-1}{N} S` on average: the step sends
+# :math:`S` bytes delivers :math:`S` to every rank but its root, so, pipelined
+# along a ring or a tree, it sends :math:`(N-1) S` in all,
+# :math:`\frac{N-1}{N} S` per rank on average: the step sends
 # :math:`3\frac{N-1}{N}\Psi`, ZeRO-3's traffic without ZeRO-3's memory. The
 # saving is in memory only; the traffic is what the implementation chose.
 # :ref:`sphx_glr_auto_examples_lecture07_parallelism_01_collectives.py`

@@ -471,7 +471,7 @@ else:
 
 
 def microbatch_counts(schedule_name, stages):
-    """torch's 1F1B schedules need at least one micro-batch per rank; GPipe runs any count."""
+    """Schedule1F1B needs at least one micro-batch per rank; Int-1F1B is timed on the same m, GPipe on all."""
     return [m for m in MICROBATCH_COUNTS if schedule_name == "GPipe" or m >= stages]
 
 
@@ -689,8 +689,8 @@ if CAN_RUN_RANKS:
               "bubble is not compared with the prediction.")
         compared = []
     elif compared == ["1F1B"]:
-        print(f"GPipe's and Int-1F1B's bubbles are not compared: {CORES} cores leave none spare for gloo's "
-              f"sending threads beside {TIMING_STAGES} computing ranks.")
+        print(f"GPipe's and Int-1F1B's bubbles are not compared: {CORES} cores leave no spare core per rank "
+              f"for gloo's sending threads beside {TIMING_STAGES} computing ranks.")
     for name in compared:
         counts = microbatch_counts(name, TIMING_STAGES)
         assert bubbles[name, counts[-1]] < 0.7 * bubbles[name, counts[0]], (
@@ -709,9 +709,10 @@ if CAN_RUN_RANKS:
 # :math:`p` (on stage :math:`r`, :math:`p-r`), however large :math:`m` grows.
 # That is why 1F1B, with the same bubble, allows the many micro-batches that
 # make the bubble small. The interleaved schedule warms up with more, smaller
-# forwards: rank :math:`r` runs :math:`2(p-1-r) + (v-1)p` of them before its
-# first backward (when :math:`p` divides :math:`m`), so it holds one more
-# than that, each of :math:`1/v` of its layers. On rank 0 that is
+# forwards: when :math:`p` divides :math:`m`, rank :math:`r` runs
+# :math:`2(p-1-r) + (v-1)p` of them, and one more before its first backward,
+# so it holds one more than that (at most all :math:`vm` of its forwards),
+# each of :math:`1/v` of its layers. On rank 0 that is
 # :math:`(2p + (v-1)p - 1)/v` micro-batches' worth of its layers against
 # 1F1B's :math:`p`: interleaving buys its smaller bubble with more sends and
 # somewhat more memory.
@@ -736,8 +737,9 @@ if CAN_RUN_RANKS:
     assert peaks["1F1B"] == [min(CHECK_MICROBATCHES, CHECK_STAGES - r)
                              for r in range(CHECK_STAGES)], peaks
     assert max(peaks["1F1B"]) <= CHECK_STAGES < CHECK_MICROBATCHES
-    # Interleaved: forwards of 2(p-1-r) + (v-1) q chunks before the first backward, q the micro-batches
-    # per round (p when p divides m), and one more (each of a rank's chunks holds 1/v of its layers).
+    # Interleaved: 2(p-1-r) + (v-1) q warm-up forwards of chunks, q the micro-batches per round (p when
+    # p divides m), then one more before the first backward, at most the rank's v m forwards (each of a
+    # rank's chunks holds 1/v of its layers).
     v, q = CHUNKS["Int-1F1B"], CHECK_MICROBATCHES // max(1, CHECK_MICROBATCHES // CHECK_STAGES)
     assert peaks["Int-1F1B"] == [min(v * CHECK_MICROBATCHES, 2 * (CHECK_STAGES - 1 - r) + (v - 1) * q + 1)
                                  for r in range(CHECK_STAGES)], peaks
@@ -768,13 +770,13 @@ if CAN_RUN_RANKS:
 # * With NCCL the stages talk over the GPUs' links (NVLink or PCIe inside a
 #   machine, InfiniBand between machines), and the compute per micro-batch is
 #   far larger, so the send time matters less. The interleaved schedule,
-#   which gives each rank several smaller stages, shrinks the bubble by
-#   :math:`v` at the cost of :math:`v` times the sends (Narayanan et al. 2021):
-#   its replay with equal durations is the formula, asserted above, but on
-#   CPU ranks over gloo the extra sends can cost more than the bubble saves,
-#   which is why it is compared only where the sends have cores or GPUs of
-#   their own. The timings here describe what the first line of output names,
-#   nothing more.
+#   which gives each rank several smaller stages, divides the bubble's idle
+#   time by :math:`v` at the cost of :math:`v` times the sends (Narayanan et
+#   al. 2021): its replay with equal durations is the formula, asserted
+#   above, but on CPU ranks over gloo the extra sends can cost more than the
+#   bubble saves, which is why it is compared only where the sends have cores
+#   or GPUs of their own. The timings here describe what the first line of
+#   output names, nothing more.
 
 KEY_FIGURES = {"device": DEVICE_NAME, "stages_timed": TIMING_STAGES}
 if CAN_RUN_RANKS:
