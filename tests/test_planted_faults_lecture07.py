@@ -151,3 +151,16 @@ def test_a_missing_all_reduce_fails_example_06(tmp_path, anchor, planted, named)
     assert "match one process" not in done.stdout
     assert "AssertionError" in done.stderr
     assert named in done.stderr
+
+
+# Example 07: a rank that takes the data-parallel share of its tensor-parallel peer.
+
+MESH_EXAMPLE = EXAMPLES / "07_composing_meshes.py"
+
+
+def test_ranks_on_the_wrong_mesh_axis_fail_example_07(tmp_path):
+    done = run_with_fault(MESH_EXAMPLE, tmp_path, "    dp, tp = divmod(rank, 2)\n    rows = slice(dp",
+                          "    tp, dp = divmod(rank, 2)  # planted: the mesh's axes swapped\n    rows = slice(dp")
+    assert done.returncode != 0, done.stdout[-2000:]
+    assert "AssertionError: TP loss" in done.stderr, done.stderr[-2000:]
+    assert "match one process" not in done.stdout

@@ -2,7 +2,7 @@
 
 Each example carries the same ``run_ranks`` (a download is one file, so it
 cannot import a shared one). The copies must stay identical, so that a fix
-reaches all six. The launcher itself is run here with ranks that raise, die
+reaches every example that forks ranks. The launcher itself is run here with ranks that raise, die
 and hang: each must fail the call quickly, with what went wrong, and leave no
 process behind.
 """
@@ -16,7 +16,11 @@ from pathlib import Path
 
 import pytest
 
-EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples" / "lecture07_parallelism").glob("[0-9]*.py"))
+ALL_EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples" / "lecture07_parallelism").glob("[0-9]*.py"))
+# One process, which uses CUDA itself on a GPU: it runs last, since a forking example that
+# finds CUDA initialised in the gallery's process falls back from NCCL to gloo.
+SINGLE_PROCESS = ["09_activation_checkpointing.py"]
+EXAMPLES = [e for e in ALL_EXAMPLES if e.name not in SINGLE_PROCESS]
 
 
 def function_source(example, name):
@@ -27,8 +31,17 @@ def function_source(example, name):
     raise AssertionError(f"{example.name} has no function {name}")
 
 
+def test_the_single_process_examples_run_after_every_forking_one():
+    names = [e.name for e in ALL_EXAMPLES]
+    assert set(SINGLE_PROCESS) <= set(names), names
+    for example in ALL_EXAMPLES:
+        forks = "run_ranks(" in example.read_text()
+        assert forks == (example.name not in SINGLE_PROCESS), f"{example.name}: forks = {forks}"
+    assert names[-len(SINGLE_PROCESS):] == SINGLE_PROCESS, names
+
+
 def test_every_example_carries_the_same_launcher():
-    assert len(EXAMPLES) == 6, [e.name for e in EXAMPLES]
+    assert len(EXAMPLES) == 8, [e.name for e in EXAMPLES]
     first = function_source(EXAMPLES[0], "run_ranks")
     for example in EXAMPLES[1:]:
         assert function_source(example, "run_ranks") == first, f"{example.name}'s run_ranks differs from {EXAMPLES[0].name}'s"

@@ -23,7 +23,7 @@ it, not a GPU cluster.
 # %%
 # Starting the ranks
 # ------------------
-# Each example of this lecture forks its ranks with the same small launcher:
+# Each example of this lecture that runs ranks forks them with the same small launcher:
 # a file store for the rendezvous (no port), a timeout on the process group,
 # and a rank's exception or death fails the example with its traceback.
 
@@ -76,7 +76,7 @@ def _rank_main(rank, world_size, tmp, worker, args, timeout_s, backend):
         if "nccl" in backend:
             torch.cuda.set_device(rank)  # one GPU per rank, chosen before NCCL starts
         # A file store needs no port, so nothing is left listening afterwards. The group's
-        # own timeout comes after the parent's deadline, which so reports every hang itself.
+        # own timeout is longer than the parent's deadline, so that the parent reports every hang.
         dist.init_process_group(backend, init_method=f"file://{tmp}/store", rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s + 30))
         torch.save(worker(rank, world_size, *args), os.path.join(tmp, f"rank{rank}.pt"))
