@@ -102,7 +102,7 @@ def test_a_fault_in_one_autotune_config_fails_example_05(tmp_path):
 @pytest.fixture(scope="module")
 def compile_checks():
     return definitions(COMPILE_EXAMPLE, "check_graph_count", "check_traced_on_fake_tensors",
-                       "check_recompile_limit", "check_warm_compile", "DISTRIBUTED_PASSES",
+                       "check_recompile_limit", "check_warm_compile", "OVERLAP_SCHEDULING", "DISTRIBUTED_PASSES",
                        "check_inductor_defaults", "check_online_softmax_code",
                        "check_attention_rewritten", "allocated_sizes",
                        "check_flex_attention_code", "check_mode_options")
@@ -156,8 +156,8 @@ def test_warm_compile_must_hit_the_cache_and_be_faster(compile_checks):
 def test_inductor_defaults_are_asserted(compile_checks, monkeypatch):
     monkeypatch.delenv("TORCHINDUCTOR_ONLINE_SOFTMAX", raising=False)
     check = compile_checks["check_inductor_defaults"]
-    good = {"online_softmax": True, "_micro_pipeline_tp": False,
-            "bucket_all_gathers_fx": "none", "reorder_for_compute_comm_overlap": False}
+    good = {"online_softmax": True, **dict.fromkeys(compile_checks["DISTRIBUTED_PASSES"], False),
+            "bucket_all_gathers_fx": "none"}
     check(good)
     with pytest.raises(AssertionError):
         check({**good, "online_softmax": False})

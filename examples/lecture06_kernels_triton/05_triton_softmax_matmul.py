@@ -151,14 +151,18 @@ for n in (1, 781, 4096):
 # end of the row load ``-inf``, which leaves the maximum unchanged and gives
 # ``exp(-inf) = 0`` in the sum. Subtracting the row maximum keeps ``exp``
 # from overflowing, exactly as in the naive version. More warps share a
-# longer row, so each thread holds a bounded number of elements.
+# longer row, so each thread holds a bounded number of elements. The row
+# index is cast to ``int64`` first: ``tl.program_id`` and a stride below
+# ``2**31`` are ``int32``, so ``row * in_row_stride`` would wrap around past
+# ``2**31`` elements, a size that the logits of a language model reach
+# (32,768 tokens times a vocabulary of 128,000).
 
 if HAVE_TRITON:
 
     @triton.jit
     def softmax_kernel(out_ptr, in_ptr, in_row_stride, out_row_stride, n_cols,
                        BLOCK_SIZE: tl.constexpr):
-        row = tl.program_id(0)
+        row = tl.program_id(0).to(tl.int64)  # int32 * int32 would wrap past 2**31
         cols = tl.arange(0, BLOCK_SIZE)
         in_bounds = cols < n_cols
         x = tl.load(in_ptr + row * in_row_stride + cols, mask=in_bounds, other=-float("inf"))

@@ -817,8 +817,10 @@ check_recompile_limit(limit, kinds, warnings, runs)
 #   matrix to memory. It compiles on this machine, below.
 # * **It has opt-in passes for distributed code**: asynchronous tensor parallelism
 #   (``_micro_pipeline_tp``), which splits an all-gather and the matmul that consumes it
-#   into pieces that overlap, and bucketing and reordering of collectives
-#   (``bucket_all_gathers_fx``, ``reorder_for_compute_comm_overlap``).
+#   into pieces that overlap, and scheduling of collectives so that they overlap
+#   computation, with bucketing. For the latter torch 2.13 recommends the options of
+#   ``aten_distributed_optimizations`` (``enable_overlap_scheduling``) over the older
+#   ``bucket_all_gathers_fx`` and ``reorder_for_compute_comm_overlap``.
 #
 # What it does not do is invent the algorithm. Fusing the attention operations and
 # recomputing the scores tile by tile also keeps them out of memory; what makes
@@ -831,7 +833,10 @@ check_recompile_limit(limit, kinds, warnings, runs)
 # of these claims on this machine and raise if one fails.
 
 
-DISTRIBUTED_PASSES = ("_micro_pipeline_tp", "bucket_all_gathers_fx", "reorder_for_compute_comm_overlap")
+OVERLAP_SCHEDULING = "aten_distributed_optimizations.enable_overlap_scheduling"
+DISTRIBUTED_PASSES = ("_micro_pipeline_tp", "bucket_all_gathers_fx", "reorder_for_compute_comm_overlap",
+                      *((OVERLAP_SCHEDULING,) if hasattr(torch._inductor.config, OVERLAP_SCHEDULING)
+                        else ()))
 
 
 def check_inductor_defaults(options):
@@ -847,7 +852,7 @@ inductor_options = {name: getattr(torch._inductor.config, name)
                     for name in ("online_softmax", *DISTRIBUTED_PASSES)}
 print("Inductor options in this torch (torch._inductor.config):")
 for name, value in inductor_options.items():
-    print(f"  {name:<34} {value!r}")
+    print(f"  {name:<56} {value!r}")
 check_inductor_defaults(inductor_options)
 
 

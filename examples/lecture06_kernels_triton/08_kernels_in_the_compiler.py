@@ -47,6 +47,7 @@ import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+from torch.utils.benchmark import Timer
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ON_GPU = DEVICE == "cuda"
@@ -199,6 +200,14 @@ if HAVE_TRITON:
     def _(x, y, alpha):
         return torch.empty_like(x)
 
+    def save_alpha(ctx, inputs, output):
+        ctx.alpha = inputs[2]
+
+    def scaled_add_backward(ctx, grad):
+        return ctx.alpha * grad, grad, None  # d/dx = alpha, d/dy = 1; alpha is a float
+
+    scaled_add_opaque.register_autograd(scaled_add_backward, setup_context=save_alpha)
+
     def step_visible(x, y):
         return torch.relu(scaled_add_visible(x, y, ALPHA)) * 3 + 1
 
@@ -217,14 +226,31 @@ def check_against_float64(out, x, y):
     torch.testing.assert_close(out.double(), step_reference(x, y), rtol=1e-6, atol=1e-5)
 
 
+def check_gradients_against_float64(n):
+    """The backward registered for the opaque operator against the exact gradient in float64."""
+    x, y = (torch.randn(n, device=DEVICE, requires_grad=True) for _ in range(2))
+    weights = torch.randn(n, device=DEVICE)
+    grad_x, grad_y = torch.autograd.grad((scaled_add_opaque(x, y, ALPHA) * weights).sum(), (x, y))
+    # d/dx of sum(w * (alpha x + y)) is alpha * w, one float32 rounding (eps/2 = 6e-8
+    # relative) on any device; d/dy is w, exactly
+    torch.testing.assert_close(grad_x.double(), ALPHA * weights.double(), rtol=2.4e-7, atol=0)
+    torch.testing.assert_close(grad_y.double(), weights.double(), rtol=0, atol=0)
+
+
 # %%
 # **Verify, eagerly.** Both operators run the same kernel (interpreted on a CPU) on
-# irregular lengths, against float64. ``torch.library.opcheck`` then tests the
-# opaque operator's registration: that the fake implementation agrees with the real
-# one in shape, dtype and strides, that the schema's claims about mutation hold, and
-# that it survives tracing. It raises if any check fails. Older PyTorch releases'
-# ``wrap_triton`` refuse the interpreter's kernels (pytorch/pytorch#152868, fixed by
-# #185597), so on a CPU with one of them only the opaque operator runs; a probe asks.
+# irregular lengths, against float64. The opaque operator also has a backward,
+# registered with ``register_autograd`` (``alpha`` times the output's gradient for
+# ``x``, the gradient itself for ``y``), and its gradients are checked against the
+# exact ones in float64. ``torch.library.opcheck`` then tests the opaque operator's
+# registration: that the fake implementation agrees with the real one in shape, dtype
+# and strides, that the schema's claims about mutation hold, that autograd is
+# registered, and that it survives tracing, gradients included. Its inputs require
+# grad: with none that does, opcheck skips the autograd test and the gradient
+# comparison, and still reports SUCCESS. It raises if any check fails. Older PyTorch
+# releases' ``wrap_triton`` refuse the interpreter's kernels (pytorch/pytorch#152868,
+# fixed by #185597), so on a CPU with one of them only the opaque operator runs; a
+# probe asks.
 
 
 def wrap_triton_problem():
@@ -243,12 +269,17 @@ if HAVE_TRITON:
         x, y = torch.randn(n, device=DEVICE), torch.randn(n, device=DEVICE)
         for step in steps:
             check_against_float64(step(x, y), x, y)
+        check_gradients_against_float64(n)
     print(f"eager: {' and '.join(step.__name__ for step in steps)} match float64 "
+          f"for lengths {VECTOR_SIZES}")
+    print(f"autograd: the backward of course::scaled_add_opaque matches float64 "
           f"for lengths {VECTOR_SIZES}")
     if WRAP_TRITON_REFUSES:
         print(f"eager: step_visible not run: torch {torch.__version__}'s wrap_triton refuses "
               f"an interpreted kernel ({WRAP_TRITON_REFUSES})")
-    opcheck_x, opcheck_y = torch.randn(777, device=DEVICE), torch.randn(777, device=DEVICE)
+    # inputs that require grad: without one, opcheck skips its autograd test and still
+    # reports SUCCESS
+    opcheck_x, opcheck_y = (torch.randn(777, device=DEVICE, requires_grad=True) for _ in range(2))
     opcheck_results = torch.library.opcheck(scaled_add_opaque, (opcheck_x, opcheck_y, ALPHA))
     failed = [name for name, result in opcheck_results.items() if result != "SUCCESS"]
     if failed:
@@ -334,6 +365,13 @@ elif HAVE_TRITON:
 # timings and the price of a new shape. Inductor counts the graphs it declined to
 # build in ``counters["inductor"]["cudagraph_skips"]``: on a GPU it must stay 0, and
 # on a CPU, which has no CUDA graphs, the mode quietly compiles as the default does.
+#
+# **Timing.** The steps are timed with ``torch.utils.benchmark.Timer``'s
+# ``blocked_autorange``, the median over blocks of calls with the GPU synchronised at
+# both ends of each block, not with ``triton.testing.do_bench``: before each call
+# ``do_bench`` zeroes a 256 MiB buffer to flush L2, and while the GPU runs that memset
+# the CPU queues the step's launches, which hides part of the launch overhead this
+# section measures; it also returns the mean.
 
 
 def check_reduce_overhead_options(options):
@@ -391,7 +429,8 @@ def time_tiny_stack():
         # 48 float32 layers of 64-term sums, sqrt(64) eps ~ 1e-6 each, grown over the
         # residual stream to some 1e-5 at most; TF32 is off (above)
         torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
-        times[name] = triton.testing.do_bench(lambda fn=fn: fn(x))
+        timer = Timer(stmt="fn(x)", globals={"fn": fn, "x": x})
+        times[name] = timer.blocked_autorange(min_run_time=0.5).median * 1e3  # not do_bench (above)
     new_shape = torch.randn(TINY_BATCH + 1, TINY_WIDTH, device=DEVICE)
     new_shape_ms = synchronized_ms(modes["reduce-overhead"], new_shape)
     return times, new_shape_ms
@@ -858,7 +897,12 @@ print("  a guard of the first graph: "
 # registration, and the generated code calls it as an extern, as printed above.
 # ``triton_op`` goes one step further on a GPU: Inductor sees the Triton source, so it
 # knows which buffers the kernel writes and places it among its own kernels. Neither
-# makes Inductor fuse into your kernel: fusion inside it is your job.
+# makes Inductor fuse into your kernel by default: fusion inside it is your job. (Since
+# torch 2.12 an option, off by default,
+# ``torch._inductor.config.epilogue_fusion_user_defined_triton_kernel``, lets Inductor
+# fuse a pointwise epilogue into a Triton kernel it sees, if the kernel has a single
+# ``tl.store``, into a freshly allocated output, and the epilogue reads nothing but that
+# output; an opaque operator never gets one.)
 #
 # **CUDA graphs** remove launch overhead, not work: they pay off where a step is many
 # small kernels (decoding one token, small batches) and do nothing for a step that is

@@ -28,6 +28,7 @@ policy beside the count. Times per step are printed, never asserted.
 
 import functools
 import platform
+import unicodedata
 
 import matplotlib.pyplot as plt
 import torch
@@ -91,13 +92,14 @@ def saved_by_one_layer(b, s, h, a, dtype, mask_dtype, stat_dtype):
     """What autograd keeps for one layer, in forward order: (tensor, elements, dtype)."""
     sbh, sb, scores = s * b * h, s * b, a * s * s * b
     return [
-        ("LN1 input (the layer's input)", sbh, dtype), ("LN1 mean", sb, stat_dtype),
-        ("LN1 1/std", sb, stat_dtype), ("QKV input (LN1 output)", sbh, dtype),
+        ("LN1 input (the layer's input)", sbh, dtype), ("LN1 mean per token", sb, stat_dtype),
+        ("LN1 1/std per token", sb, stat_dtype), ("QKV input (LN1 output)", sbh, dtype),
         ("Q (contiguous copy)", sbh, dtype), ("K transposed (copy)", sbh, dtype),
         ("softmax output", scores, dtype), ("dropout mask on P", scores, mask_dtype),
-        ("P after dropout", scores, dtype), ("V (copy)", sbh, dtype),
+        ("P after dropout", scores, dtype), ("V (contiguous copy)", sbh, dtype),
         ("proj input (heads merged)", sbh, dtype), ("dropout mask after proj", sbh, mask_dtype),
-        ("LN2 input", sbh, dtype), ("LN2 mean", sb, stat_dtype), ("LN2 1/std", sb, stat_dtype),
+        ("LN2 input (after attention)", sbh, dtype), ("LN2 mean per token", sb, stat_dtype),
+        ("LN2 1/std per token", sb, stat_dtype),
         ("fc1 input (LN2 output)", sbh, dtype), ("GeLU input (fc1 output)", 4 * sbh, dtype),
         ("fc2 input (GeLU output)", 4 * sbh, dtype), ("dropout mask after fc2", sbh, mask_dtype),
     ]
@@ -119,9 +121,16 @@ assert LAYER_BYTES == layer_bytes(BATCH, SEQUENCE, WIDTH, HEADS, DTYPE.itemsize,
                                   STAT_DTYPE.itemsize)
 for shape in [(BATCH, SEQUENCE, WIDTH, HEADS), (1, 4096, 8192, 64)]:  # ours, and the lecture's layer
     assert layer_bytes(*shape, e=2, m=1, e_stat=0) == korthikanti_bytes(*shape)  # an identity: it checks the code
+
+
+def padded(text, width):
+    """``text`` left-aligned in ``width`` columns, a Chinese character taking two."""
+    return text + " " * (width - sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text))
+
+
 print(f"{'saved for backward, one layer':<32}{'elements':>10}{'dtype':>10}{'bytes':>10}")
 for name, n, dtype in SAVED:
-    print(f"  {name:<30}{n:>10,}{str(dtype).removeprefix('torch.'):>10}{n * dtype.itemsize:>10,}")
+    print(f"  {padded(name, 30)}{n:>10,}{str(dtype).removeprefix('torch.'):>10}{n * dtype.itemsize:>10,}")
 print(f"  {'total':<30}{'':>20}{LAYER_BYTES:>10,}")
 
 # %%
