@@ -60,6 +60,9 @@ def program_names(example):
 
 
 HAN = re.compile(r"[\u4e00-\u9fff]")
+# A run of letters and digits: one with a digit in it is a name (float64, LN1, fc2, sm_90),
+# not a word of prose, wherever the program took it from.
+TOKEN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_'’-]*")
 
 
 def prose_words(english_page, chinese_page, example):
@@ -69,7 +72,8 @@ def prose_words(english_page, chinese_page, example):
     page's where the two editions ran on different instructions, as generated code does)."""
     kept = program_names(example) | UNITS | DEVICES
     return [word for line in output_text(chinese_page).splitlines() if HAN.search(line)
-            for word in english_words(line) if word not in kept and word.lower() not in kept]
+            for token in TOKEN.findall(line) if not any(c.isdigit() for c in token)
+            for word in english_words(token) if word not in kept and word.lower() not in kept]
 
 
 def pages(html_root, examples_root=Path("examples")):
