@@ -2,9 +2,9 @@
 
 Each example carries the same ``run_ranks`` (a download is one file, so it
 cannot import a shared one). The copies must stay identical, so that a fix
-reaches every example that forks ranks. The launcher itself is run here with ranks that raise, die
-and hang: each must fail the call quickly, with what went wrong, and leave no
-process behind.
+reaches every example that forks ranks. The launcher itself is run here with
+ranks that raise, die and hang: each must fail the call quickly, with what went
+wrong, and leave no process behind.
 """
 
 import ast
