@@ -114,9 +114,11 @@ elif "fork" not in mp.get_all_start_methods():
 else:
     CAN_RUN_RANKS, WHY_NOT = True, ""
 
-# NCCL needs one process per GPU, and CUDA must not be initialised before the fork.
+# NCCL needs one process per GPU, and CUDA must not be initialised before the fork. Where NVML
+# fails, device_count() asks the CUDA runtime, which starts the driver and so breaks the fork
+# too, unseen by is_initialized(); only the private _device_count_nvml() tells (< 0: failed).
 USE_NCCL = (CAN_RUN_RANKS and torch.cuda.device_count() >= 2 and not torch.cuda.is_initialized()
-            and dist.is_nccl_available())
+            and torch.cuda._device_count_nvml() >= 0 and dist.is_nccl_available())
 CORES = os.cpu_count() or 1
 
 
@@ -136,9 +138,13 @@ else:
     BACKEND, DEVICE_NAME = "gloo", f"{platform.machine()} CPU, {CORES} cores"
     SIZES = [2**k for k in range(12, 25, 2)]  # bytes: 4 KiB to 16 MiB
     if CAN_RUN_RANKS and torch.cuda.device_count() >= 2:
-        print(f"{torch.cuda.device_count()} GPUs, but gloo on CPU ranks: "
-              + ("CUDA is already initialised in this process, so forked ranks cannot use it"
-                 if torch.cuda.is_initialized() else "this PyTorch build has no NCCL"))
+        if not torch.cuda.is_initialized() and torch.cuda._device_count_nvml() < 0:
+            print(f"{torch.cuda.device_count()} GPUs, but gloo on CPU ranks: NVML could not count them,"
+                  f" and counting them through the CUDA runtime has started CUDA here, so forked ranks cannot use it")
+        else:
+            print(f"{torch.cuda.device_count()} GPUs, but gloo on CPU ranks: "
+                  + ("CUDA is already initialised in this process, so forked ranks cannot use it"
+                     if torch.cuda.is_initialized() else "this PyTorch build has no NCCL"))
 CHECK_RANKS = 3  # an odd count: no collective may assume a power of two
 CHECK_CHUNK = 1013  # elements per rank's chunk: a prime, so nothing divides evenly by luck
 REPEATS = 7

@@ -126,9 +126,11 @@ elif "fork" not in mp.get_all_start_methods():
 else:
     CAN_RUN_RANKS, WHY_NOT = True, ""
 
-# NCCL needs one process per GPU, and CUDA must not be initialised before the fork.
+# NCCL needs one process per GPU, and CUDA must not be initialised before the fork. Where NVML
+# fails, device_count() asks the CUDA runtime, which starts the driver and so breaks the fork
+# too, unseen by is_initialized(); only the private _device_count_nvml() tells (< 0: failed).
 USE_NCCL = (CAN_RUN_RANKS and torch.cuda.device_count() >= 2 and not torch.cuda.is_initialized()
-            and dist.is_nccl_available())
+            and torch.cuda._device_count_nvml() >= 0 and dist.is_nccl_available())
 BACKEND = "cpu:gloo,cuda:nccl" if USE_NCCL else "gloo"
 
 
@@ -154,9 +156,13 @@ else:
     DEVICE_NAME = f"{platform.machine()} CPU, {os.cpu_count()} cores"
     LAYER_WIDTHS = SMALL_WIDTHS
     if CAN_RUN_RANKS and torch.cuda.device_count() >= 2:
-        print(f"{torch.cuda.device_count()} GPUs, but gloo on CPU ranks: "
-              + ("CUDA is already initialised in this process, so forked ranks cannot use it"
-                 if torch.cuda.is_initialized() else "this PyTorch build has no NCCL"))
+        if not torch.cuda.is_initialized() and torch.cuda._device_count_nvml() < 0:
+            print(f"{torch.cuda.device_count()} GPUs, but gloo on CPU ranks: NVML could not count them,"
+                  f" and counting them through the CUDA runtime has started CUDA here, so forked ranks cannot use it")
+        else:
+            print(f"{torch.cuda.device_count()} GPUs, but gloo on CPU ranks: "
+                  + ("CUDA is already initialised in this process, so forked ranks cannot use it"
+                     if torch.cuda.is_initialized() else "this PyTorch build has no NCCL"))
     print(f"backend: gloo on CPU ranks (loopback)   world size: {WORLD_SIZE}   device: {DEVICE_NAME}")
 TRAIN_STEPS = 3
 LEARNING_RATE = 1e-2

@@ -131,15 +131,21 @@ elif "fork" not in mp.get_all_start_methods():
 else:
     CAN_RUN_RANKS, WHY_NOT = True, ""
 
-# NCCL needs one process per GPU, and CUDA must not be initialised before the fork.
+# NCCL needs one process per GPU, and CUDA must not be initialised before the fork. Where NVML
+# fails, device_count() asks the CUDA runtime, which starts the driver and so breaks the fork
+# too, unseen by is_initialized(); only the private _device_count_nvml() tells (< 0: failed).
 USE_NCCL = (CAN_RUN_RANKS and torch.cuda.device_count() >= 2 and not torch.cuda.is_initialized()
-            and dist.is_nccl_available())
+            and torch.cuda._device_count_nvml() >= 0 and dist.is_nccl_available())
 BACKEND = "cpu:gloo,cuda:nccl" if USE_NCCL else "gloo"
 if CAN_RUN_RANKS and torch.cuda.device_count() >= 2 and not USE_NCCL:
-    print(f"{torch.cuda.device_count()} GPUs, but "
-          + ("CUDA is already initialised in this process, so no rank can be forked onto them"
-             if torch.cuda.is_initialized() else "this PyTorch has no NCCL")
-          + ": gloo on CPU ranks instead")
+    if not torch.cuda.is_initialized() and torch.cuda._device_count_nvml() < 0:
+        print(f"{torch.cuda.device_count()} GPUs, but NVML could not count them, and counting them through"
+              f" the CUDA runtime has started CUDA here, so no rank can be forked onto them: gloo on CPU ranks instead")
+    else:
+        print(f"{torch.cuda.device_count()} GPUs, but "
+              + ("CUDA is already initialised in this process, so no rank can be forked onto them"
+                 if torch.cuda.is_initialized() else "this PyTorch has no NCCL")
+              + ": gloo on CPU ranks instead")
 
 
 def rank_device(rank):
