@@ -19,7 +19,7 @@ import pytest
 ALL_EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples" / "lecture07_parallelism").glob("[0-9]*.py"))
 # One process, which uses CUDA itself on a GPU: it runs last, since a forking example that
 # finds CUDA initialised in the gallery's process falls back from NCCL to gloo.
-SINGLE_PROCESS = ["09_activation_checkpointing.py"]
+SINGLE_PROCESS = ["10_activation_checkpointing.py"]
 EXAMPLES = [e for e in ALL_EXAMPLES if e.name not in SINGLE_PROCESS]
 
 
@@ -41,7 +41,7 @@ def test_the_single_process_examples_run_after_every_forking_one():
 
 
 def test_every_example_carries_the_same_launcher():
-    assert len(EXAMPLES) == 8, [e.name for e in EXAMPLES]
+    assert len(EXAMPLES) == 9, [e.name for e in EXAMPLES]
     first = function_source(EXAMPLES[0], "run_ranks")
     for example in EXAMPLES[1:]:
         assert function_source(example, "run_ranks") == first, f"{example.name}'s run_ranks differs from {EXAMPLES[0].name}'s"
