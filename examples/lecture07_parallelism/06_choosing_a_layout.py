@@ -1,15 +1,17 @@
 """
-Choosing a layout: memory and communication of DP, TP, PP and FSDP
-===================================================================
+Choosing a layout: memory and communication of DP, TP, CP, PP, EP and FSDP
+===========================================================================
 
-Given a model and a cluster, which mix of data, tensor and pipeline
-parallelism (and how much ZeRO sharding) fits in GPU memory, and which spends
-the least time communicating? We write a small planner that answers this with
-the memory accounting and the alpha-beta cost model of this lecture, apply it
-to Llama 2 7B and 70B on nodes of eight H200 GPUs, check its picks against
-layouts published for Llama 3 models, and then test the cost model where we
-can: we fit alpha and beta on this machine, predict the communication time
-of a data-parallel and a tensor-parallel step, and measure it.
+Given a model and a cluster, which mix of data, tensor, context, pipeline and
+expert parallelism (and how much ZeRO sharding) fits in GPU memory, and which
+spends the least time communicating? We write a small planner that answers
+this with the memory accounting and the alpha-beta cost model of this
+lecture, apply it to Llama 2 7B and 70B on nodes of eight H200 GPUs, check its
+picks against layouts published for Llama 3 models, a long-context run among
+them, place the experts of a mixture-of-experts model, and then test the cost
+model where we can: we fit alpha and beta on this machine, predict the
+communication time of a data-parallel and a tensor-parallel step, and measure
+it.
 
 **Requirements.** The planner is arithmetic and runs anywhere; its cluster
 figures are a model built from NVIDIA's datasheets, not a measurement. The
@@ -115,15 +117,21 @@ elif "fork" not in mp.get_all_start_methods():
 else:
     CAN_RUN_RANKS, WHY_NOT = True, ""
 
-# NCCL needs one process per GPU, and CUDA must not be initialised before the fork.
+# NCCL needs one process per GPU, and CUDA must not be initialised before the fork. Where NVML
+# fails, device_count() asks the CUDA runtime, which starts the driver and so breaks the fork
+# too, unseen by is_initialized(); only the private _device_count_nvml() tells (< 0: failed).
 USE_NCCL = (CAN_RUN_RANKS and torch.cuda.device_count() >= 2 and not torch.cuda.is_initialized()
-            and dist.is_nccl_available())
+            and torch.cuda._device_count_nvml() >= 0 and dist.is_nccl_available())
 BACKEND = "cpu:gloo,cuda:nccl" if USE_NCCL else "gloo"
 if CAN_RUN_RANKS and torch.cuda.device_count() >= 2 and not USE_NCCL:
-    print(f"{torch.cuda.device_count()} GPUs, but "
-          + ("CUDA is already initialised in this process, so no rank can be forked onto them"
-             if torch.cuda.is_initialized() else "this PyTorch has no NCCL")
-          + ": gloo on CPU ranks instead")
+    if not torch.cuda.is_initialized() and torch.cuda._device_count_nvml() < 0:
+        print(f"{torch.cuda.device_count()} GPUs, but NVML could not count them, and counting them through"
+              f" the CUDA runtime has started CUDA here, so no rank can be forked onto them: gloo on CPU ranks instead")
+    else:
+        print(f"{torch.cuda.device_count()} GPUs, but "
+              + ("CUDA is already initialised in this process, so no rank can be forked onto them"
+                 if torch.cuda.is_initialized() else "this PyTorch has no NCCL")
+              + ": gloo on CPU ranks instead")
 
 
 def rank_device(rank):
@@ -202,12 +210,27 @@ JOBS = [("Llama 2 7B", 8), ("Llama 2 70B", 64)]  # (model, GPUs)
 
 
 def parameter_count(model):
-    """Weights of a Llama layer stack: attention with grouped K/V, SwiGLU MLP, norms, embeddings."""
+    """Weights of a Llama layer stack: attention with grouped K/V, SwiGLU MLP, norms, embeddings.
+
+    A mixture-of-experts model (``experts`` and ``top_k`` in its shapes) has ``experts``
+    SwiGLU MLPs per layer and a router in place of the one MLP.
+    """
     h, head_dim = model["hidden"], model["hidden"] // model["heads"]
     attention = 2 * h * h + 2 * h * model["kv_heads"] * head_dim  # Q and O, then K and V
-    mlp = 3 * h * model["ffn"]  # gate, up, down
+    mlp = 3 * h * model["ffn"] * model.get("experts", 1) + h * model.get("experts", 0)  # gate, up, down; router
     per_layer = attention + mlp + 2 * h  # two RMSNorm weights
     return model["layers"] * per_layer + 2 * model["vocab"] * h + h  # untied embedding, head
+
+
+def expert_parameter_count(model):
+    """Weights of all the experts of all layers: none in a dense model."""
+    return model["layers"] * 3 * model["hidden"] * model["ffn"] * model["experts"] if "experts" in model else 0
+
+
+def active_parameter_count(model):
+    """Weights a token passes through: in a mixture of experts, only ``top_k`` of each layer's experts."""
+    experts = expert_parameter_count(model)
+    return parameter_count(model) - experts + experts * model.get("top_k", 1) // model.get("experts", 1)
 
 
 for name, model in LLAMA2.items():
@@ -221,36 +244,78 @@ for name, model in LLAMA2.items():
 # --------------
 # A layout is a data-parallel degree :math:`d`, a tensor-parallel degree
 # :math:`t` (inside a node, Megatron's column and row split with sequence
-# parallelism), a pipeline-parallel degree :math:`p` (1F1B schedule), a ZeRO
-# stage for the data-parallel group (3 is FSDP), and whether activations are
-# recomputed. Ranks are numbered tensor-parallel first, then data-parallel,
-# then pipeline, so a group stays inside a node when its span
-# fits in eight GPUs.
+# parallelism), a context-parallel degree :math:`c` (Ring Attention, below),
+# a pipeline-parallel degree :math:`p` (1F1B schedule), for a
+# mixture-of-experts model an expert-parallel degree :math:`e`, a ZeRO stage
+# for the data-parallel group (3 is FSDP), and whether activations are
+# recomputed. Ranks are numbered tensor-parallel first, then
+# context-parallel, then data-parallel, then pipeline (Megatron-LM's order),
+# so a group stays inside a node when its span fits in eight GPUs. The
+# :math:`cd` ranks that hold the same weights, context- and data-parallel
+# together, reduce their gradients and share ZeRO's shards. An
+# expert-parallel group is :math:`e` consecutive ones among them: as in
+# Megatron-LM, expert parallelism reuses the data-parallel ranks. The
+# planner tries :math:`c > 1` only where no layout without it fits, as step
+# 5 of the lecture's procedure has it; the long-context run below shows
+# why.
 #
 # **Memory per GPU.** Mixed-precision Adam keeps 2 bytes of BF16 weights, 2
 # of BF16 gradients and 12 of FP32 master weights and moments per parameter
-# (ZeRO's accounting); TP and PP divide all three, ZeRO stage 1, 2 and 3 then
-# divide the optimizer state, the gradients and the weights by :math:`d`.
+# (ZeRO's accounting); TP and PP divide all three, and EP divides the
+# experts' by :math:`e`. ZeRO stage 1, 2 and 3 then divide the optimizer
+# state, the gradients and the weights by :math:`cd` (an expert's by
+# :math:`cd/e`, the ranks that hold the same experts).
 # Activations follow Korthikanti et al. (2023): with tensor and sequence
 # parallelism and selective recomputation a layer keeps :math:`34\,sbh/t`
 # bytes per micro-batch (:math:`s` tokens, :math:`b` sequences, width
-# :math:`h`); with full recomputation it keeps only its input,
-# :math:`2\,sbh/t`, plus one layer's working set. Under 1F1B the first stage
-# holds :math:`\min(p, m)` micro-batches of its :math:`\lceil L/p \rceil`
-# layers (when :math:`p` does not divide the :math:`L` layers, the largest
-# stage sets the memory and the pace); the last stage also holds the FP32
-# logits.
+# :math:`h`), and each of the :math:`c` context-parallel ranks holds
+# :math:`s/c` of the tokens: :math:`34\,sbh/(tc)`. In a mixture-of-experts
+# layer the MLP's :math:`19\,sbh` of them hold the :math:`k` routed copies of
+# each token, :math:`(15 + 19k)\,sbh/(tc)`. With full recomputation a layer
+# keeps only its input, :math:`2\,sbh/(tc)`, plus one layer's working set.
+# Under 1F1B the first stage holds :math:`\min(p, m)` micro-batches of its
+# :math:`\lceil L/p \rceil` layers (when :math:`p` does not divide the
+# :math:`L` layers, the largest stage sets the memory and the pace); the
+# last stage also holds the FP32 logits.
 #
 # **Communication per step.** Ring collectives in the alpha-beta model: over
 # :math:`n` ranks an all-reduce of :math:`S` bytes takes
 # :math:`2(n-1)\alpha + 2\frac{n-1}{n} S/B`, a reduce-scatter or an
-# all-gather half of that. TP all-reduces :math:`2sbh` bytes four times per
-# layer and micro-batch (six with full recomputation), PP sends
-# :math:`2sbh/t` bytes each way per micro-batch, and DP reduces the
-# gradients: once per step (ZeRO 0 and 1), reduce-scatter per micro-batch
-# (ZeRO 2), or all-gather the weights twice and reduce-scatter the gradients
-# per micro-batch (ZeRO 3). No overlap with compute is assumed, so the total is
-# an upper bound on the exposed time.
+# all-gather half of that. TP all-reduces :math:`2sbh/c` bytes four times
+# per layer and micro-batch (six with full recomputation); in a
+# mixture-of-experts layer the two of the MLP carry the :math:`k` routed
+# copies of each token (the experts are split over :math:`t` as the dense
+# MLP is). PP sends :math:`2sbh/(tc)` bytes each way per micro-batch, and
+# DP reduces the gradients: once per step (ZeRO 0 and 1), reduce-scatter
+# per micro-batch (ZeRO 2), or all-gather the weights twice and
+# reduce-scatter the gradients per micro-batch (ZeRO 3); the dense weights'
+# over the :math:`cd` ranks, the experts' over the :math:`cd/e`.
+#
+# *Context parallel.* A rank holds the keys and values of its :math:`s/c`
+# tokens for its :math:`n_\text{kv}/t` key-value heads: a block of
+# :math:`2 \cdot 2(s/c)\,b\,n_\text{kv} d_\text{head}/t` bytes in bf16. Per
+# layer and micro-batch, Ring Attention (Liu et al. 2023) passes
+# :math:`c-1` blocks along the ring in the forward pass; the backward pass
+# passes them again, :math:`c-1` times, and their gradients :math:`c` times,
+# back to their owners, in float32 as torch's ``context_parallel``
+# accumulates them by default, so twice a block's bytes; full recomputation
+# repeats the forward's. Each pass is a ring step, a send to the
+# neighbour: NVLink when the ring lies in one node, one adapter otherwise.
+# The ring is built so that attention hides these sends; the planner still
+# charges them in full, as it charges all communication, and prints below
+# how much attention there is to hide them.
+#
+# *Expert parallel.* Per mixture-of-experts layer and micro-batch, two
+# all-to-alls forward (dispatch and combine) and two backward, two more with
+# full recomputation. In each, a GPU sends the :math:`k` routed copies of the
+# tokens of its own shard, :math:`S = 2k\,sbh/(tc)` bytes (uniform
+# routing), all but :math:`S/e` of them to the other GPUs of its group. With
+# :math:`g` of the :math:`e` GPUs in each node, :math:`(g-1)S/e` go over
+# NVLink and, when the group spans nodes, :math:`(e-g)S/e` through the
+# GPU's own adapter, at the same time:
+# :math:`\max\left(\frac{(g-1)S}{e\,B_\text{NVLink}}, \frac{(e-g)S}{e\,B_\text{NIC}}\right)`.
+# No overlap with compute is assumed anywhere, so the total is an upper
+# bound on the exposed time.
 #
 # **Across nodes.** :math:`B` is NVLink's 450 GB/s for a group inside one
 # node. A group with :math:`k` members in each of several nodes is not held
@@ -266,15 +331,22 @@ for name, model in LLAMA2.items():
 # nodes, all-gather in the node, sends :math:`2(1 - k/n)\,S/k` bytes through
 # each adapter, less than the ring's :math:`2(1 - 1/n)\,S/k`; below, its
 # time with the phases one after the other, and with them all at once,
-# brackets this model's. A pipeline stage sends to its neighbour through its
-# own adapter: 50 GB/s.
+# brackets this model's. A pipeline stage, or a step of the ring, sends to
+# its neighbour through its own adapter: 50 GB/s.
 #
 # **Compute.** :math:`6N + 12Lsh` FLOPs per token (Narayanan et al. 2021;
-# a third more with full recomputation) at the dense datasheet peak, a lower
-# bound, stretched by the pipeline bubble :math:`(p-1)/(m+p-1)` and by the
-# largest stage's share of the layers, :math:`p\lceil L/p \rceil / L`.
+# :math:`N` counts the weights a token passes through, only :math:`k` of a
+# layer's experts; a third more with full recomputation) at the dense
+# datasheet peak, a lower bound, stretched by the pipeline bubble
+# :math:`(p-1)/(m+p-1)` and by the largest stage's share of the layers,
+# :math:`p\lceil L/p \rceil / L`. The :math:`12Lsh` counts attention's whole
+# :math:`s \times s` score matrix. A causal kernel computes about half of
+# it, and that half is what can hide a ring's sends; at 131,072 tokens the
+# term is more than half of all the FLOPs, so the step times estimated there
+# are high.
 
 COLLECTIVE_STEPS = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}
+CP_DEGREES = [2 ** i for i in range(8)]  # 1 to 128
 
 
 def ring_time(collective, ranks, nbytes, latency_s, bytes_per_s):
@@ -309,55 +381,110 @@ def point_to_point_link(cluster, ranks, stride):
     return cluster["network_latency_s"], cluster["nic_bytes_per_s"]
 
 
+def all_to_all_time(cluster, ranks, stride, nbytes):
+    """Seconds of an all-to-all in which each of ``ranks`` GPUs sends ``nbytes``, an equal share to each."""
+    if ranks == 1:
+        return 0.0
+    g = members_per_node(cluster, ranks, stride)
+    over_nvlink = (g - 1) / ranks * nbytes / cluster["nvlink_bytes_per_s"]
+    if g == ranks:
+        return cluster["nvlink_latency_s"] + over_nvlink
+    # Every GPU of the node runs its own all-to-all at once: each has only its own adapter.
+    through_nic = (ranks - g) / ranks * nbytes / cluster["nic_bytes_per_s"]
+    return cluster["network_latency_s"] + max(over_nvlink, through_nic)
+
+
 def stage_layers(model, p):
     """Layers of the largest of ``p`` pipeline stages: it sets the memory and the pace."""
     return -(-model["layers"] // p)
 
 
+def parameters_per_gpu(model, layout):
+    """(dense, expert) weights on one GPU: its stage's share, split by TP, the experts also by EP."""
+    share = stage_layers(model, layout["pp"]) / model["layers"]
+    experts = expert_parameter_count(model)
+    return ((parameter_count(model) - experts) * share / layout["tp"],
+            experts * share / (layout["tp"] * layout["ep"]))
+
+
 def memory_per_gpu(model, layout, training):
     """Bytes per GPU: weights, gradients, optimizer state and activations."""
-    d, t, p, zero = layout["dp"], layout["tp"], layout["pp"], layout["zero"]
+    t, c, p, e, zero = (layout[k] for k in ("tp", "cp", "pp", "ep", "zero"))
     s, b, h = training["sequence"], training["microbatch_sequences"], model["hidden"]
+    dense, experts = parameters_per_gpu(model, layout)
+    sharers = layout["dp"] * c  # the ranks that hold the same weights
+
+    def states(bytes_per_parameter, sharded):
+        return bytes_per_parameter * (dense / (sharers if sharded else 1)
+                                      + experts / (sharers // e if sharded else 1))
+
     layers = stage_layers(model, p)
-    params = parameter_count(model) * layers / model["layers"] / t
-    per_layer = 34 * s * b * h / t
+    per_layer = (15 + 19 * model.get("top_k", 1)) * s * b * h / (t * c)  # 34 sbh/(tc) in a dense layer
     if layout["recompute"]:
-        stored_per_layer, working_set = 2 * s * b * h / t, per_layer
+        stored_per_layer, working_set = 2 * s * b * h / (t * c), per_layer
     else:
         stored_per_layer, working_set = per_layer, 0.0
     first_stage = min(p, layout["microbatches"]) * layers * stored_per_layer + working_set
-    last_stage = layers * stored_per_layer + working_set + 4 * s * b * model["vocab"] / t
-    return {"weights": 2 * params / (d if zero >= 3 else 1),
-            "gradients": 2 * params / (d if zero >= 2 else 1),
-            "optimizer": 12 * params / (d if zero >= 1 else 1),
-            "activations": max(first_stage, last_stage)}
+    last_stage = layers * stored_per_layer + working_set + 4 * s * b * model["vocab"] / (t * c)
+    return {"weights": states(2, zero >= 3), "gradients": states(2, zero >= 2),
+            "optimizer": states(12, zero >= 1), "activations": max(first_stage, last_stage)}
+
+
+def gradient_traffic(zero, microbatches, ranks, nbytes, link):
+    """Seconds per step that data parallel spends on ``nbytes`` of gradients over ``ranks`` GPUs."""
+    if zero <= 1:
+        return ring_time("all_reduce", ranks, nbytes, *link)
+    if zero == 2:
+        return (microbatches * ring_time("reduce_scatter", ranks, nbytes, *link)
+                + ring_time("all_gather", ranks, nbytes, *link))
+    return microbatches * (2 * ring_time("all_gather", ranks, nbytes, *link)
+                           + ring_time("reduce_scatter", ranks, nbytes, *link))
+
+
+def ring_attention_sends(model, layout, training):
+    """(sends, bytes) of one GPU's K/V ring per layer and micro-batch, forward and backward."""
+    c, t = layout["cp"], layout["tp"]
+    if c == 1:
+        return 0, 0.0
+    head_dim = model["hidden"] // model["heads"]
+    block = 2 * 2 * (training["sequence"] // c) * training["microbatch_sequences"] * (model["kv_heads"] // t) * head_dim
+    forward = (c - 1) * (2 if layout["recompute"] else 1)  # recomputation runs the forward ring again
+    # Backward: K and V again, then dK and dV, in float32, all the way back to their owners.
+    return forward + (c - 1) + c, block * (forward + (c - 1) + 2 * c)
+
+
+def ring_attention_seconds(model, layout, training, cluster):
+    """One GPU's ring per layer and micro-batch: each pass is a send to its neighbour."""
+    sends, nbytes = ring_attention_sends(model, layout, training)
+    latency, bandwidth = point_to_point_link(cluster, layout["cp"], layout["tp"])
+    return sends * latency + nbytes / bandwidth
 
 
 def communication_per_step(model, layout, training, cluster):
     """Seconds per step each kind of parallelism spends communicating (no overlap)."""
-    d, t, p, zero, m = (layout[k] for k in ("dp", "tp", "pp", "zero", "microbatches"))
-    activation_bytes = 2 * training["sequence"] * training["microbatch_sequences"] * model["hidden"]
-    tp_all_reduces = m * stage_layers(model, p) * (6 if layout["recompute"] else 4)
+    d, t, c, p, e, zero, m = (layout[k] for k in ("dp", "tp", "cp", "pp", "ep", "zero", "microbatches"))
+    layers = stage_layers(model, p)
+    tokens = training["sequence"] // c * training["microbatch_sequences"]  # one GPU's share of a micro-batch
+    activation_bytes = 2 * tokens * model["hidden"]
+    passes = 3 if layout["recompute"] else 2  # forward, backward, and the recomputed forward
+    tp_all_reduces = m * layers * passes * (1 + model.get("top_k", 1))  # attention's, then the MLP's
     tp = tp_all_reduces * ring_time("all_reduce", t, activation_bytes, *collective_link(cluster, t, 1))
-    pp_latency, pp_bandwidth = point_to_point_link(cluster, p, d * t)
+    cp = m * layers * ring_attention_seconds(model, layout, training, cluster)
+    pp_latency, pp_bandwidth = point_to_point_link(cluster, p, t * c * d)
     pp = 2 * m * (pp_latency + activation_bytes / t / pp_bandwidth) if p > 1 else 0.0
-    gradient_bytes = 2 * parameter_count(model) * stage_layers(model, p) / model["layers"] / t
-    dp_link = collective_link(cluster, d, t)
-    if zero <= 1:
-        dp = ring_time("all_reduce", d, gradient_bytes, *dp_link)
-    elif zero == 2:
-        dp = (m * ring_time("reduce_scatter", d, gradient_bytes, *dp_link)
-              + ring_time("all_gather", d, gradient_bytes, *dp_link))
-    else:
-        dp = m * (2 * ring_time("all_gather", d, gradient_bytes, *dp_link)
-                  + ring_time("reduce_scatter", d, gradient_bytes, *dp_link))
-    return {"tp": tp, "pp": pp, "dp": dp}
+    routed_bytes = model.get("top_k", 0) * activation_bytes / t  # the k copies of this GPU's tokens
+    ep = m * layers * 2 * passes * all_to_all_time(cluster, e, t, routed_bytes)
+    dense, experts = parameters_per_gpu(model, layout)
+    dp = gradient_traffic(zero, m, d * c, 2 * dense, collective_link(cluster, d * c, t))
+    if experts:
+        dp += gradient_traffic(zero, m, d * c // e, 2 * experts, collective_link(cluster, d * c // e, t * e))
+    return {"tp": tp, "cp": cp, "pp": pp, "ep": ep, "dp": dp}
 
 
 def compute_per_step(model, layout, training, cluster, gpus):
     """Seconds of matmuls per step at the datasheet peak, with the pipeline bubble."""
     tokens = training["global_batch_sequences"] * training["sequence"]
-    per_token = 6 * parameter_count(model) + 12 * model["layers"] * training["sequence"] * model["hidden"]
+    per_token = 6 * active_parameter_count(model) + 12 * model["layers"] * training["sequence"] * model["hidden"]
     if layout["recompute"]:
         per_token *= 4 / 3
     p, m = layout["pp"], layout["microbatches"]
@@ -365,40 +492,64 @@ def compute_per_step(model, layout, training, cluster, gpus):
     return busy / (1 - (p - 1) / (m + p - 1))
 
 
-def layouts(model, gpus, training, cluster):
-    """Every layout of ``gpus`` GPUs that divides the model's key-value heads and the batch."""
-    for t, p in itertools.product([1, 2, 4, 8], range(1, model["layers"] + 1)):
-        if t > cluster["gpus_per_node"] or model["kv_heads"] % t or gpus % (t * p):
+def layouts(model, gpus, training, cluster, cp_degrees):
+    """Every layout of ``gpus`` GPUs that divides the model's key-value heads, its experts and the batch."""
+    experts = model.get("experts", 1)
+    for t, c, p in itertools.product([1, 2, 4, 8], cp_degrees, range(1, model["layers"] + 1)):
+        if (t > cluster["gpus_per_node"] or model["kv_heads"] % t or gpus % (t * c * p)
+                or training["sequence"] % (2 * c)):  # load-balanced causal CP: 2c chunks
             continue
-        d = gpus // (t * p)
+        d = gpus // (t * c * p)
         sequences_per_replica, rest = divmod(training["global_batch_sequences"], d)
         microbatches = sequences_per_replica // training["microbatch_sequences"]
         if rest or microbatches < p:
             continue
-        for zero, recompute in itertools.product([0, 1, 2, 3] if d > 1 else [0], [False, True]):
-            yield {"dp": d, "tp": t, "pp": p, "zero": zero, "recompute": recompute,
+        ep_degrees = [e for e in range(1, experts + 1) if experts % e == 0 and d * c % e == 0]
+        for e, zero, recompute in itertools.product(ep_degrees, [0, 1, 2, 3] if d * c > 1 else [0],
+                                                    [False, True]):
+            yield {"dp": d, "tp": t, "cp": c, "pp": p, "ep": e, "zero": zero, "recompute": recompute,
                    "microbatches": microbatches}
 
 
-def plan(model, gpus, training, cluster):
-    """Each layout with its memory, communication and estimated step time."""
-    rows = []
-    for layout in layouts(model, gpus, training, cluster):
-        memory = memory_per_gpu(model, layout, training)
-        communication = communication_per_step(model, layout, training, cluster)
-        compute = compute_per_step(model, layout, training, cluster, gpus)
-        total_memory = sum(memory.values())
-        rows.append({**layout, "memory": total_memory, "communication": sum(communication.values()),
-                     "by_kind": communication, "compute": compute,
-                     "step": compute + sum(communication.values()),
-                     "fits": total_memory <= MEMORY_HEADROOM * cluster["memory_bytes"]})
+def planned(model, gpus, training, cluster, layout):
+    """One layout with its memory, communication and estimated step time."""
+    memory = memory_per_gpu(model, layout, training)
+    communication = communication_per_step(model, layout, training, cluster)
+    compute = compute_per_step(model, layout, training, cluster, gpus)
+    total_memory = sum(memory.values())
+    return {**layout, "memory": total_memory, "memory_by_kind": memory,
+            "communication": sum(communication.values()),
+            "by_kind": communication, "compute": compute, "step": compute + sum(communication.values()),
+            "fits": total_memory <= MEMORY_HEADROOM * cluster["memory_bytes"]}
+
+
+def plan(model, gpus, training, cluster, cp_degrees=None):
+    """Each layout with its memory, communication and estimated step time.
+
+    Context parallel enters only where no layout without it fits (the lecture's procedure),
+    unless ``cp_degrees`` names the degrees to try.
+    """
+    rows = [planned(model, gpus, training, cluster, layout)
+            for layout in layouts(model, gpus, training, cluster, cp_degrees or [1])]
+    if cp_degrees is None and not any(row["fits"] for row in rows):
+        rows += [planned(model, gpus, training, cluster, layout)
+                 for layout in layouts(model, gpus, training, cluster, CP_DEGREES[1:])]
     return rows
 
 
 def layout_name(row):
     zero = "FSDP" if row["zero"] == 3 else (f"ZeRO-{row['zero']}" if row["zero"] else "DDP")
     recompute = " +recompute" if row["recompute"] else ""
-    return f"DP{row['dp']} TP{row['tp']} PP{row['pp']} {zero}{recompute}"
+    return f"{degrees_name(*degrees(row))} {zero}{recompute}"
+
+
+def degrees(row):
+    return row["dp"], row["tp"], row["pp"], row["cp"], row["ep"]
+
+
+def degrees_name(dp, tp, pp, cp=1, ep=1):
+    """Degrees as the tables print them: CP and EP only where they are used."""
+    return f"DP{dp} TP{tp}" + (f" CP{cp}" if cp > 1 else "") + f" PP{pp}" + (f" EP{ep}" if ep > 1 else "")
 
 
 # %%
@@ -449,13 +600,14 @@ assert collective_link(H200_CLUSTER, 4, 8)[1] == NIC  # data parallel across 4 n
 assert point_to_point_link(H200_CLUSTER, 16, 8)[1] == NIC  # a pipeline send: one adapter
 
 PEAK = H200_CLUSTER["bf16_flops_per_s"]
-print("\ntokens per GPU per step that hide the gradient traffic (b > 2/3 P/B for data parallel, P/B for ZeRO-3)")
+# Data parallel's all-reduce can overlap only the backward pass (4 Psi b FLOPs): the gradients do not
+# exist before it and the next forward needs the new weights. ZeRO-3 hides each pass's own collectives.
+print("\ntokens per GPU per step that hide the gradient traffic (b > P/B, for data parallel and ZeRO-3 alike)")
 hiding_tokens = {}
 for what, (ranks, stride) in [("one node", (8, 1)), ("8 GPUs per node", (32, 1)), ("1 GPU per node", (32, 8))]:
     bus = collective_link(H200_CLUSTER, ranks, stride)[1]
-    hiding_tokens[what] = 2 / 3 * PEAK / bus
-    print(f"  {what:16s} B = {bus / 1e9:3.0f} GB/s: data parallel {2 / 3 * PEAK / bus:7,.0f}, "
-          f"ZeRO-3 {PEAK / bus:7,.0f}")
+    hiding_tokens[what] = PEAK / bus
+    print(f"  {what:16s} B = {bus / 1e9:3.0f} GB/s: {PEAK / bus:7,.0f}")
 
 PSI_70B = 70e9  # parameters of the lecture's 70-billion-parameter example
 fsdp_link = collective_link(H200_CLUSTER, 32, 1)  # FSDP over the 32 GPUs of four nodes: 8 per node
@@ -480,17 +632,30 @@ print(f"\n70B model on 4 nodes, network time per step (one micro-batch):\n"
 # For each job, the feasible layouts with the shortest estimated step, then
 # the figure of every layout: memory per GPU against communication per step.
 
-def print_plan(job, rows, shown=6):
-    # Equal estimated steps: the layout with the most memory to spare.
-    feasible = sorted((row for row in rows if row["fits"]), key=lambda row: (row["step"], row["memory"]))
+def ranked(rows):
+    """The layouts that fit, fastest first; at equal estimated steps, the most memory to spare."""
+    return sorted((row for row in rows if row["fits"]), key=lambda row: (row["step"], row["memory"]))
+
+
+def print_plan(job, rows, cluster=H200_CLUSTER, shown=6, with_cp_and_ep=False):
+    feasible = ranked(rows)
     print(f"\n{job}: {len(feasible)} of {len(rows)} layouts fit in "
-          f"{MEMORY_HEADROOM:.0%} of {H200_CLUSTER['memory_bytes'] / 1e9:.0f} GB")
-    print(f"{'layout':34s} {'GB/GPU':>7} {'TP s':>7} {'PP s':>7} {'DP s':>7} {'compute s':>10} "
-          f"{'step s':>7}")
+          f"{MEMORY_HEADROOM:.0%} of {cluster['memory_bytes'] / 1e9:.0f} GB")
+    if with_cp_and_ep:
+        print(f"{'layout':37s} {'GB/GPU':>7} {'TP s':>6} {'CP s':>6} {'PP s':>6} {'EP s':>6} {'DP s':>6} "
+              f"{'compute s':>10} {'step s':>7}")
+    else:
+        print(f"{'layout':34s} {'GB/GPU':>7} {'TP s':>7} {'PP s':>7} {'DP s':>7} {'compute s':>10} "
+              f"{'step s':>7}")
     for row in feasible[:shown]:
         kind = row["by_kind"]
-        print(f"{layout_name(row):34s} {row['memory'] / 1e9:7.1f} {kind['tp']:7.2f} {kind['pp']:7.2f} "
-              f"{kind['dp']:7.2f} {row['compute']:10.2f} {row['step']:7.2f}")
+        if with_cp_and_ep:
+            print(f"{layout_name(row):37s} {row['memory'] / 1e9:7.1f} {kind['tp']:6.2f} {kind['cp']:6.2f} "
+                  f"{kind['pp']:6.2f} {kind['ep']:6.2f} {kind['dp']:6.2f} {row['compute']:10.2f} "
+                  f"{row['step']:7.2f}")
+        else:
+            print(f"{layout_name(row):34s} {row['memory'] / 1e9:7.1f} {kind['tp']:7.2f} {kind['pp']:7.2f} "
+                  f"{kind['dp']:7.2f} {row['compute']:10.2f} {row['step']:7.2f}")
     return feasible[0]
 
 
@@ -550,11 +715,11 @@ LLAMA3 = {
                      "vocab": 128256, "nominal_params": 8e9},
 }
 LLAMA3_PRETRAINING = {"sequence": 8192, "global_batch_sequences": 2048, "microbatch_sequences": 1}  # 16M tokens
-PUBLISHED = [  # (source, model, GPUs, memory per GPU, training, published (DP, TP, PP))
-    ("Llama 3, Table 4", "Llama 3 405B", 8192, 80e9, LLAMA3_PRETRAINING, (64, 8, 16)),
-    ("Llama 3, Table 4", "Llama 3 405B", 16384, 80e9, LLAMA3_PRETRAINING, (128, 8, 16)),
+PUBLISHED = [  # (source, model, GPUs, memory per GPU, training, published (DP, TP, PP, CP, EP))
+    ("Llama 3, Table 4", "Llama 3 405B", 8192, 80e9, LLAMA3_PRETRAINING, (64, 8, 16, 1, 1)),
+    ("Llama 3, Table 4", "Llama 3 405B", 16384, 80e9, LLAMA3_PRETRAINING, (128, 8, 16, 1, 1)),
     ("torchtitan, Table 3", "Llama 3.1 8B", 128, 96e9,
-     {"sequence": 8192, "global_batch_sequences": 256, "microbatch_sequences": 2}, (128, 1, 1)),
+     {"sequence": 8192, "global_batch_sequences": 256, "microbatch_sequences": 2}, (128, 1, 1, 1, 1)),
 ]
 
 print()
@@ -564,21 +729,12 @@ for name, model in LLAMA3.items():
     print(f"{name}: {count / 1e9:.2f} billion parameters from its shapes")
 
 
-def degrees(row):
-    return row["dp"], row["tp"], row["pp"]
-
-
-def degrees_name(dp, tp, pp):
-    return f"DP{dp} TP{tp} PP{pp}"
-
-
 print(f"\npublished layouts, planned on H100 nodes\n{'source':20s} {'model':13s} {'GPUs':>6} {'GB':>4}  "
       f"{'published':15s} {'pick':34s} {'step s':>6}  nearest other degrees")
 published_picks = {}
 for source, name, gpus, memory, training, published in PUBLISHED:
     cluster = {**H200_CLUSTER, "memory_bytes": memory}
-    rows = sorted((row for row in plan(LLAMA3[name], gpus, training, cluster) if row["fits"]),
-                  key=lambda row: (row["step"], row["memory"]))
+    rows = ranked(plan(LLAMA3[name], gpus, training, cluster))
     pick = rows[0]
     other = next(row for row in rows if degrees(row) != degrees(pick))
     print(f"{source:20s} {name:13s} {gpus:>6} {memory / 1e9:>4.0f}  {degrees_name(*published):15s} "
@@ -587,6 +743,162 @@ for source, name, gpus, memory, training, published in PUBLISHED:
     assert degrees(pick) == published, f"{source}: the planner picks {layout_name(pick)}"
     published_picks[f"{name} on {gpus} GPUs"] = pick
 print("the planner picks the published degrees for all three runs")
+
+
+# %%
+# Context parallel: a long-context run
+# ------------------------------------
+# Llama 3 405B's pretraining ended with long-context stages, up to
+# 131,072-token sequences, still in batches of 16M tokens, and the last row
+# of its Table 4 runs them on 16,384 H100 GPUs as TP 8, CP 16, PP 16 and DP 8.
+# A batch is then 128 sequences, and 1F1B needs at least as many
+# micro-batches per replica as stages: with one sequence per micro-batch,
+# :math:`d \cdot p \le d \cdot m = 128`, so :math:`t \cdot c \ge 16384 / 128
+# = 128`. No layout without context parallel exists. The planner, which
+# turns to it only where nothing without it fits (step 5 of the lecture's
+# procedure), must choose :math:`c`; whether it chooses 16 is the test.
+# Below, its ranking, with the ring's sends in a column of their own; then
+# the published degrees beside its pick; then, per layer and micro-batch,
+# each GPU's ring sends beside the causal attention that could hide them,
+# counted as half of Narayanan's :math:`s^2` term.
+
+LONG_CONTEXT = {"sequence": 131072, "global_batch_sequences": 128, "microbatch_sequences": 1}  # 16M tokens
+LONG_CONTEXT_GPUS = 16384
+LONG_CONTEXT_PUBLISHED = (8, 8, 16, 16, 1)  # Llama 3, Table 4: DP, TP, PP, CP, EP
+H100_CLUSTER = {**H200_CLUSTER, "memory_bytes": 80e9}
+LLAMA3_405B = LLAMA3["Llama 3 405B"]
+
+
+def causal_attention_seconds(model, layout, training, cluster):
+    """One GPU's attention matmuls per layer and micro-batch: causal, balanced over the CP ranks, at peak."""
+    s, b = training["sequence"], training["microbatch_sequences"]
+    passes = 4 if layout["recompute"] else 3  # forward 1, backward 2, recomputed forward 1
+    return passes * 2 * s * s * b * model["hidden"] / (layout["tp"] * layout["cp"]) / cluster["bf16_flops_per_s"]
+
+
+def bubble(row):
+    return (row["pp"] - 1) / (row["microbatches"] + row["pp"] - 1)
+
+
+long_job = f"Llama 3 405B on {LONG_CONTEXT_GPUS} GPUs, 131,072-token sequences"
+long_rows = plan(LLAMA3_405B, LONG_CONTEXT_GPUS, LONG_CONTEXT, H100_CLUSTER)
+long_pick = print_plan(long_job, long_rows, H100_CLUSTER, with_cp_and_ep=True)
+long_published = next(row for row in ranked(long_rows) if degrees(row) == LONG_CONTEXT_PUBLISHED)
+long_published_kept = next(row for row in long_rows if degrees(row) == LONG_CONTEXT_PUBLISHED
+                           and row["zero"] == long_published["zero"] and not row["recompute"])
+print(f"\npublished, {degrees_name(*LONG_CONTEXT_PUBLISHED)}: at best {layout_name(long_published)}, "
+      f"{long_published['step']:.2f} s, {long_published['step'] / long_pick['step'] - 1:.0%} slower than the pick")
+print(f"  without recomputation it needs {long_published_kept['memory'] / 1e9:.0f} GB per GPU, "
+      f"{long_published_kept['memory_by_kind']['activations'] / 1e9:.0f} GB of them activations")
+print(f"  pipeline bubble: {bubble(long_published):.0%} ({long_published['microbatches']} micro-batches), "
+      f"the pick's {bubble(long_pick):.0%} ({long_pick['microbatches']})")
+print(f"  communication: {long_published['communication']:.2f} s, the pick's {long_pick['communication']:.2f} s")
+
+smallest_tc = LONG_CONTEXT_GPUS * LONG_CONTEXT["microbatch_sequences"] // LONG_CONTEXT["global_batch_sequences"]
+assert long_rows and all(row["tp"] * row["cp"] >= smallest_tc for row in long_rows)  # t c >= 128: CP is needed
+# At t c = 128 a stage's p micro-batches hold about L layers' activations, 72 GB: only recomputation fits.
+assert all(row["recompute"] for row in ranked(long_rows) if row["tp"] * row["cp"] == smallest_tc)
+assert not long_published_kept["fits"]
+assert long_published["communication"] < long_pick["communication"]  # the gap is compute, not bytes
+assert long_published["step"] / long_pick["step"] < 1.6
+
+print(f"\nper layer and micro-batch, one GPU    {'ring sends ms':>13} {'causal attention ms':>20} "
+      f"{'attention / ring':>17}")
+hiding = {}
+for row in (long_pick, long_published):
+    ring = ring_attention_seconds(LLAMA3_405B, row, LONG_CONTEXT, H100_CLUSTER)
+    attention = causal_attention_seconds(LLAMA3_405B, row, LONG_CONTEXT, H100_CLUSTER)
+    hiding[degrees_name(*degrees(row))] = attention / ring
+    print(f"{layout_name(row):37s} {1e3 * ring:13.2f} {1e3 * attention:20.2f} {attention / ring:17.1f}")
+assert hiding[degrees_name(*LONG_CONTEXT_PUBLISHED)] > 2  # Ring Attention would hide the published ring
+
+# The published ring in closed form: 16 ranks, blocks of 8192 tokens of one K/V head of 128, bf16.
+ring_ranks = long_published["cp"]
+block = 2 * 2 * (LONG_CONTEXT["sequence"] // ring_ranks) * (LLAMA3_405B["kv_heads"] // long_published["tp"]) * 128
+assert block == 4 * 2 ** 20 and long_published["recompute"]
+ring_sends, ring_blocks = 3 * (ring_ranks - 1) + ring_ranks, 3 * (ring_ranks - 1) + 2 * ring_ranks
+assert ring_attention_sends(LLAMA3_405B, long_published, LONG_CONTEXT) == (ring_sends, ring_blocks * block)
+# The ring crosses nodes (t c = 128): every send goes through one adapter, 50 GB/s, 10 us assumed.
+assert abs(long_published["by_kind"]["cp"]
+           - long_published["microbatches"] * stage_layers(LLAMA3_405B, long_published["pp"])
+           * (ring_sends * 10e-6 + ring_blocks * block / 50e9)) < 1e-9
+
+# %%
+# The planner tries context parallel only where nothing fits without it.
+# Left to the model alone, it would use context parallel at 8,192 tokens
+# too: splitting the sequences gives each replica more, shorter
+# micro-batches, which shrinks the 1F1B bubble, and less activation memory,
+# which can spare the full recomputation; the ring's bytes cost little
+# against that. The model overstates both savings: it knows no interleaved
+# schedule (section 7 of the lecture) and no recomputation between all and
+# nothing
+# (:ref:`sphx_glr_auto_examples_lecture07_parallelism_10_activation_checkpointing.py`).
+# Llama 3 trained these stages without it.
+
+print("\nwith context parallel tried at 8,192 tokens too")
+open_cp_picks = {}
+for source, name, gpus, memory, training, published in PUBLISHED[:2]:
+    cluster = {**H200_CLUSTER, "memory_bytes": memory}
+    open_pick = ranked(plan(LLAMA3[name], gpus, training, cluster, cp_degrees=CP_DEGREES))[0]
+    published_pick = published_picks[f"{name} on {gpus} GPUs"]
+    open_cp_picks[gpus] = open_pick
+    print(f"  {name} on {gpus} GPUs: {layout_name(open_pick)}, {open_pick['step']:.2f} s against "
+          f"{published_pick['step']:.2f} s for the published degrees; bubble {bubble(open_pick):.0%} "
+          f"against {bubble(published_pick):.0%}")
+    assert open_pick["cp"] > 1
+
+# %%
+# Expert parallel: a mixture of experts on eight nodes
+# ----------------------------------------------------
+# Mixtral 8x22B (Mistral AI 2024) has, by its published configuration, 56
+# layers of width 6144 with 48 query and 8 key-value heads, and in each
+# layer 8 SwiGLU experts of width 16,384 and a router that sends each token
+# to 2 of them: 141B parameters, 39B of them for each token. No training
+# layout has been published for it, so no degree is checked; the job is the
+# Llama 2 70B one, 64 H200 GPUs and 4M tokens per step, and we assert only
+# what the model makes robust: the pick keeps its expert-parallel group
+# inside a node, and every layout whose group spans nodes is well behind.
+# DeepSeek-V3's published layout (64-way expert parallel over eight nodes)
+# is not checked: its attention (MLA), its FP8 matmuls, its nodes' NVLink
+# (160 GB/s measured, by its report) and the DualPipe schedule that hides
+# its all-to-alls behind computation are all outside this model, which
+# charges every byte.
+
+MIXTRAL_8X22B = {"layers": 56, "hidden": 6144, "heads": 48, "kv_heads": 8, "ffn": 16384, "vocab": 32768,
+                 "experts": 8, "top_k": 2}
+MOE_GPUS = 64
+total, active = parameter_count(MIXTRAL_8X22B), active_parameter_count(MIXTRAL_8X22B)
+assert round(total / 1e9) == 141 and round(active / 1e9) == 39, (total, active)  # Mistral AI's figures
+print(f"\nMixtral 8x22B: {total / 1e9:.2f} billion parameters from its shapes, {active / 1e9:.2f} billion "
+      f"of them for each token")
+
+
+def ep_in_one_node(row, cluster=H200_CLUSTER):
+    return members_per_node(cluster, row["ep"], row["tp"]) == row["ep"]
+
+
+moe_job = f"Mixtral 8x22B on {MOE_GPUS} GPUs"
+moe_rows = plan(MIXTRAL_8X22B, MOE_GPUS, TRAINING, H200_CLUSTER)
+moe_pick = print_plan(moe_job, moe_rows, with_cp_and_ep=True)
+moe_across = next(row for row in ranked(moe_rows) if not ep_in_one_node(row))
+moe_without_ep = next(row for row in ranked(moe_rows) if row["ep"] == 1)
+print(f"fastest with its EP group across nodes: {layout_name(moe_across)}, "
+      f"{moe_across['step'] / moe_pick['step'] - 1:+.0%}, EP {moe_across['by_kind']['ep']:.2f} s")
+print(f"fastest without EP: {layout_name(moe_without_ep)}, {moe_without_ep['step'] / moe_pick['step'] - 1:+.1%}")
+assert ep_in_one_node(moe_pick)
+assert moe_across["step"] > 1.1 * moe_pick["step"]
+
+# The pick's EP column in closed form: its group is in one node, so (e-1)/e of the routed bytes cross NVLink.
+ep_ranks = moe_pick["ep"]
+pick_routed = 2 * MIXTRAL_8X22B["top_k"] * TRAINING["sequence"] * MIXTRAL_8X22B["hidden"] // moe_pick["tp"]
+all_to_alls = moe_pick["microbatches"] * stage_layers(MIXTRAL_8X22B, moe_pick["pp"]) * (6 if moe_pick["recompute"] else 4)
+assert abs(moe_pick["by_kind"]["ep"]
+           - all_to_alls * (3e-6 + (ep_ranks - 1) / ep_ranks * pick_routed / 450e9)) < 1e-9
+
+# One all-to-all of a GPU's 2 routed copies of 4096 tokens: 8 GPUs in a node, then 4 in each of 2 nodes.
+routed = 2 * 2 * TRAINING["sequence"] * MIXTRAL_8X22B["hidden"]
+assert abs(all_to_all_time(H200_CLUSTER, 8, 1, routed) - (3e-6 + 7 / 8 * routed / 450e9)) < 1e-15
+assert abs(all_to_all_time(H200_CLUSTER, 8, 2, routed) - (10e-6 + 4 / 8 * routed / 50e9)) < 1e-15
 
 
 # %%
@@ -892,10 +1204,28 @@ if CAN_RUN_RANKS:
 #   in the group, one adapter's 50 GB/s when only one is. The picks for
 #   published runs, Llama 3 405B's and torchtitan's FSDP over 128 GPUs, agree
 #   with the degrees those runs used.
+# * At 131,072 tokens the batch alone demands context parallel: 128
+#   sequences cannot fill 16,384 GPUs unless :math:`tc \ge 128`. The planner
+#   then prefers more of it than Llama 3 used, and the tables above say why:
+#   the published layout spends less time communicating than the pick, but
+#   in this model its activations fit only with full recomputation and its 16
+#   micro-batches leave half the step to the bubble. The disagreement lies in
+#   the compute model, all-or-nothing recomputation and a plain 1F1B bubble,
+#   not in the ring; for the same reasons the model alone would put context
+#   parallel into the 8192-token runs too, which is why the planner tries it
+#   only where nothing fits without it. Causal attention could hide the
+#   published ring's sends with room to spare, the pick's only just.
+# * Expert parallel buys memory and costs all-to-alls. Inside a node they
+#   cross NVLink and cost little against the experts' matmuls; once the
+#   group spans nodes, each GPU's adapter carries most of the routed tokens,
+#   and every such layout falls well behind. Where the experts must be split
+#   to fit, the planner splits them within a node.
 # * The model is simple on purpose: no overlap of communication with compute,
 #   a peak compute rate no real step reaches, ring collectives only, assumed
-#   latencies, stages split by their count of layers alone. It ranks layouts;
-#   it does not predict a step time to the second.
+#   latencies, stages split by their count of layers alone; uniform routing
+#   with no capacity padding and no limit on the nodes a token reaches;
+#   recomputation of everything or of nothing; no interleaved schedule. It
+#   ranks layouts; it does not predict a step time to the second.
 # * The method, fit alpha and beta and add up the messages, is the part we
 #   could test here, on gloo over loopback with two ranks (with 2 or more
 #   GPUs, on NCCL); the table above
@@ -915,6 +1245,14 @@ KEY_FIGURES.update({
     "fsdp_70B_32_gpus_network_s": fsdp_s,
     "tp8_dp4_70B_network_s": hybrid_s,
     "fsdp_over_tp8_dp4": fsdp_s / hybrid_s,
+    "pick_long_context_131072": layout_name(long_pick),
+    "long_context_published_over_pick": long_published["step"] / long_pick["step"],
+    "long_context_published_attention_over_ring": hiding[degrees_name(*LONG_CONTEXT_PUBLISHED)],
+    "long_context_pick_attention_over_ring": hiding[degrees_name(*degrees(long_pick))],
+    **{f"pick_cp_open_8192_tokens_{gpus}_gpus": layout_name(row) for gpus, row in open_cp_picks.items()},
+    "pick_Mixtral_8x22B_on_64_GPUs": layout_name(moe_pick),
+    "moe_ep_across_nodes_over_pick": moe_across["step"] / moe_pick["step"],
+    "moe_without_ep_over_pick": moe_without_ep["step"] / moe_pick["step"],
 })
 if CAN_RUN_RANKS:
     KEY_FIGURES.update({"alpha_us": 1e6 * alpha, "bandwidth_GBps": beta / 1e9,
