@@ -106,6 +106,7 @@ def _rank_main(rank, world_size, tmp, worker, args, timeout_s, backend):
 
 import math
 import platform
+import unicodedata
 
 import matplotlib.pyplot as plt
 import torch.nn.functional as F
@@ -142,6 +143,11 @@ if CAN_RUN_RANKS and torch.cuda.device_count() >= 2 and not USE_NCCL:
               + ("CUDA is already initialised in this process, so no rank can be forked onto them"
                  if torch.cuda.is_initialized() else "this PyTorch has no NCCL")
               + ": gloo on CPU ranks instead")
+
+
+def padded(text, width):
+    """``text`` left-aligned in ``width`` columns, a Chinese character taking two."""
+    return text + " " * (width - sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text))
 
 
 def rank_device(rank):
@@ -500,7 +506,7 @@ USE = []
 for index, (label, _, layout, fault) in enumerate(VARIANTS):
     use = (assembled(layout, [result[index]["out"] for result in ranks]) - REFERENCE) / BOUND
     USE.append(use.abs().max().item())
-    print(f"{label:<38}{USE[index]:>20.2e}")
+    print(f"{padded(label, 38)}{USE[index]:>20.2e}")
     if fault is None:
         torch.testing.assert_close(use, torch.zeros_like(use), rtol=0, atol=1.0,
                                    msg=lambda message, label=label: f"{label} (difference over its bound): {message}")
@@ -558,12 +564,12 @@ print(f"bytes each rank sends in the ring: {WORLD_SIZE - 1} blocks, {(WORLD_SIZE
 # Take one sequence and a model of width :math:`h = HD`, whose keys and
 # values are :math:`h/g` wide. A rank of the zigzag ring computes two chunk
 # pairs per step, :math:`2h\,(s/c)^2` FLOPs, and sends one block,
-# :math:`2\,(s/c)\,(h/g)\,b` bytes with :math:`b` bytes per element. The
-# intensity of a step is :math:`g\,(s/c)/b` FLOPs per byte, and the transfer
-# hides behind the attention when it exceeds the link's ratio
+# :math:`2\,(s/c)\,(h/g)` numbers, :math:`4\,(s/c)\,(h/g)` bytes in bf16.
+# The intensity of a step is :math:`g\,(s/c)/2` FLOPs per byte, and the
+# transfer hides behind the attention when it exceeds the link's ratio
 # :math:`P/\beta`: for blocks of
 #
-# .. math:: \frac{s}{c} \ \ge\ \frac{b\,P}{g\,\beta}
+# .. math:: \frac{s}{c} \ \ge\ \frac{2P}{g\,\beta}
 #
 # tokens. Non-causal attention computes twice the pairs, so it needs half the
 # block. The cluster is that of
@@ -578,7 +584,8 @@ print(f"bytes each rank sends in the ring: {WORLD_SIZE - 1} blocks, {(WORLD_SIZE
 # smaller block; a link that reaches only part of its peak, or a transfer
 # that takes SMs from the attention, needs a larger one.
 
-H200 = {"bf16_flops_per_s": 1979e12 / 2, "links": {"NVLink": 450e9, "one adapter": 400e9 / 8}}
+H200 = {"bf16_flops_per_s": 1979e12 / 2, "links": [("NVLink", 450e9), ("one adapter", 400e9 / 8)]}
+NVLINK, ADAPTER = 0, 1  # positions in the list of links
 
 
 def step_flops(tokens_per_rank, width, batch=1):
@@ -602,23 +609,23 @@ def smallest_hiding_block(group, bytes_per_s, element_bytes=2, peak=H200["bf16_f
 
 print(f"\n{'link':<22}{'g':>3}{'smallest block that hides its hop (tokens)':>45}   (forward, bf16, model)")
 HIDING = {}
-for link, bytes_per_s in H200["links"].items():
+for position, (link, bytes_per_s) in enumerate(H200["links"]):
     for group in (1, 8):
-        HIDING[link, group] = smallest_hiding_block(group, bytes_per_s)
-        tokens = HIDING[link, group]
+        HIDING[position, group] = smallest_hiding_block(group, bytes_per_s)
+        tokens = HIDING[position, group]
         # At that block, the hop and the step's attention take the same time (4 roundings each side).
         width = 8192
         step_s = step_flops(tokens, width) / H200["bf16_flops_per_s"]
         hop_s = step_bytes(tokens, width, group, 2) / bytes_per_s
         assert math.isclose(step_s, hop_s, rel_tol=9 * UNIT), (link, group, step_s, hop_s)
-        print(f"{link + f' {bytes_per_s / 1e9:.0f} GB/s':<22}{group:>3}{tokens:>45,.0f}")
+        print(f"{padded(f'{link} {bytes_per_s / 1e9:.0f} GB/s', 22)}{group:>3}{tokens:>45,.0f}")
 
 # Llama 3 405B's long-context stage: 131,072 tokens, context parallel 16 (Llama Team 2024, Table 4),
 # 128 query heads and 8 key-value heads (its Table 3).
 LLAMA3_CP = {"sequence": 131072, "cp": 16, "heads": 128, "kv_heads": 8}
 llama_block = LLAMA3_CP["sequence"] // LLAMA3_CP["cp"]
 llama_group = LLAMA3_CP["heads"] // LLAMA3_CP["kv_heads"]
-llama_margin = llama_block / smallest_hiding_block(llama_group, H200["links"]["one adapter"])
+llama_margin = llama_block / smallest_hiding_block(llama_group, H200["links"][ADAPTER][1])
 assert llama_margin > 1
 print(f"Llama 3 405B at {LLAMA3_CP['sequence']:,} tokens on {LLAMA3_CP['cp']} ranks: blocks of {llama_block:,}"
       f" tokens, g = {llama_group}: {llama_margin:.1f} times the block that hides a hop through one adapter")
@@ -635,11 +642,11 @@ blocks = [2**e for e in range(7, 17)]
 fig, ax = plt.subplots(figsize=(7.5, 4.4))
 ax.loglog(blocks, [1e6 * step_flops(t, WIDTH_70B) / H200["bf16_flops_per_s"] for t in blocks], "k-",
           label="attention of one step, at the peak rate")
-for (link, bytes_per_s), style in zip(H200["links"].items(), ("tab:blue", "tab:orange")):
+for position, ((link, bytes_per_s), style) in enumerate(zip(H200["links"], ("tab:blue", "tab:orange"))):
     for group, dash in ((1, ":"), (GROUP_70B, "-")):
         ax.loglog(blocks, [1e6 * step_bytes(t, WIDTH_70B, group, 2) / bytes_per_s for t in blocks],
                   linestyle=dash, color=style, label=f"hop over {link}, g = {group}")
-        crossing = HIDING[link, group]
+        crossing = HIDING[position, group]
         ax.plot([crossing], [1e6 * step_flops(crossing, WIDTH_70B) / H200["bf16_flops_per_s"]], "o", color=style)
 ax.set_xlabel("tokens per rank, s / c")
 ax.set_ylabel("time per ring step (microseconds)")
@@ -658,7 +665,7 @@ fig.tight_layout()
 # :math:`4c-1` pair times; two chunks per rank from opposite ends make every
 # step equal, :math:`2c+1`, the even share, with the same bytes. The bytes
 # are small beside the arithmetic: the intensity of a step grows with the
-# block, :math:`g\,(s/c)/b`, so long sequences, the reason to split at all,
+# block, :math:`g\,(s/c)/2` in bf16, so long sequences, the reason to split at all,
 # hide their hops. Grouped-query attention divides the bytes by :math:`g`
 # and makes even a ring across nodes cheap: Llama 3's blocks of 8,192
 # tokens, with :math:`g = 16`, would hide their hop even through one adapter,
