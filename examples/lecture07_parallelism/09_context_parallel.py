@@ -458,7 +458,7 @@ ranks = run_ranks(context_parallel_worker, WORLD_SIZE, Q, K, V, backend=BACKEND)
 # this lecture). A score is off by at most
 # :math:`\lambda = (D+2)\,u\,|q|^\top|k|/\sqrt{D}` on each side (absolute
 # values taken element by element). A softmax weight is then off, relative
-# to itself, by the propagated :math:`2\lambda_\max` (the largest in its
+# to itself, by the propagated :math:`2\lambda_{\max}` (the largest in its
 # row), by a few :math:`u` for each exponential (accurate to one ulp,
 # :math:`2u`), the sum of at most :math:`S` terms and the division, and by
 # the absolute roundings of the shifts in the exponents (:math:`s - m`,
