@@ -540,7 +540,8 @@ def draw_timeline(ax, ranks_events, title):
 if CAN_RUN_RANKS:
     timing_model = layer_stack(LAYERS_PER_STAGE * TIMING_STAGES, WIDTH, torch.float32)
     start = time.perf_counter()
-    timing_results = run_ranks(timing_worker, TIMING_STAGES, timing_model, backend=BACKEND)
+    # A sweep of schedules and micro-batch counts: on a loaded machine it takes minutes, not seconds.
+    timing_results = run_ranks(timing_worker, TIMING_STAGES, timing_model, timeout_s=300, backend=BACKEND)
     print(f"timed {(1 + TIMED_STEPS) * len(timing_results[0])} steps per rank "
           f"in {time.perf_counter() - start:.1f} s")
 

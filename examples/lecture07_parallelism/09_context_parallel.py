@@ -692,3 +692,16 @@ fig.tight_layout()
 # here: by default after one all-gather of the keys and values, issued
 # asynchronously so that it overlaps the rank's own block, or around the
 # ring with ``set_rotate_method("alltoall")``.
+
+KEY_FIGURES = {
+    "device": DEVICE_NAME,
+    "world_size": WORLD_SIZE,
+    "sequence": SEQUENCE,
+    "worst_error_over_bound": max(USE[index] for index, variant in enumerate(VARIANTS) if variant[3] is None),
+    "ring_time_pairs_contiguous": RING_TIME["contiguous"],
+    "ring_time_pairs_zigzag": RING_TIME["zigzag"],
+    "bytes_sent_per_rank": (WORLD_SIZE - 1) * BLOCK_BYTES,
+    "h200_hiding_block_nvlink_g1": HIDING[NVLINK, 1],
+    "h200_hiding_block_adapter_g1": HIDING[ADAPTER, 1],
+    "llama3_block_over_adapter_threshold": llama_margin,
+}
