@@ -7,7 +7,9 @@ fast it does arithmetic; which one depends on its arithmetic intensity, the
 FLOPs it does per byte it moves. This example measures both ceilings of this
 machine, draws its roofline next to the spec-sheet rooflines of three NVIDIA
 GPUs, and places real operations (ReLU, GeLU, softmax, matmuls) on it, so
-that you can read off whether an operation is memory- or compute-bound.
+that you can read off whether an operation is memory- or compute-bound. It
+ends with a roof for every level of an H100's memory (HBM, L2, shared
+memory), which shows what tile sizes those bandwidths call for.
 
 **Requirements.** Full version: a CUDA GPU (bf16 needs compute capability 8.0
 or newer). On a CPU the same measurements run in float32 at small sizes; the
@@ -27,6 +29,7 @@ import contextlib
 import math
 import os
 import platform
+import unicodedata
 
 import matplotlib.pyplot as plt
 import torch
@@ -60,6 +63,7 @@ if DEVICE == "cuda":
     print(f"GPU                 : {props.name}")
     print(f"compute capability  : {props.major}.{props.minor}")
     print(f"SMs                 : {props.multi_processor_count}")
+    print(f"L2 cache            : {props.L2_cache_size / 2**20:.0f} MB")
     print(f"memory              : {props.total_memory / 2**30:.1f} GiB")
     STREAM_ELEMENTS = 1 << 28  # 512 MiB in bf16, far beyond the L2 cache
     SOFTMAX_ROW = 4096
@@ -405,6 +409,210 @@ del OPERATIONS  # frees the large tensors the timed functions hold
 # memory-bound operations gain and compute-bound ones do not. Fusing
 # elementwise operations, which removes bytes rather than FLOPs, is the
 # subject of :ref:`sphx_glr_auto_examples_lecture05_gpus_03_fusion.py`.
+
+# %%
+# A roof at every level of memory
+# -------------------------------
+# The roofline above counts the bytes that cross one boundary, from HBM onto
+# the chip. A matmul's operands cross two more on their way to the tensor
+# cores: L2 to each SM's shared memory, and shared memory to the tensor cores.
+# Each boundary has its own bandwidth and so its own ridge point, and a kernel
+# at full speed must clear all of them: its intensity *against each level*
+# (the FLOPs it does per byte that level delivers) must reach that level's
+# ridge, or that level sets the speed.
+#
+# The figures for an H100 SXM (the H200 has the same SMs and tensor cores;
+# its L2 may differ):
+#
+# * **Tensor cores:** the datasheet's 989 TFLOP/s of dense bf16 are 132 SMs
+#   times 4,096 FLOPs per clock (twice an A100 SM's, clock for clock, H100
+#   whitepaper) at 1.83 GHz, the clock the datasheet's figure implies (the
+#   SMs' maximum is 1.98 GHz).
+# * **Shared memory:** 32 banks, each 4 bytes per clock (CUDA C++ Programming
+#   Guide), so 128 bytes per clock per SM; its ridge, 4,096 / 128 = 32 FLOP/B,
+#   holds at any clock. Multiplied out at the tensor cores' clock it is the
+#   bandwidth below. NVIDIA documents this rate for ordinary shared-memory
+#   loads; the model assumes the tensor cores read at the same rate and
+#   fetch an operand once for the whole warpgroup.
+# * **L2:** NVIDIA publishes no L2 bandwidth. Ernst's gpu-benches measured
+#   about 9.8 TB/s reading data sets of 10 to 40 MB from an H200's L2 (and
+#   about 6.9 TB/s on an H100 PCIe, which has 114 SMs), with ordinary loads,
+#   not TMA. It stands in for the H100 SXM's, and it is a lower bound: on an
+#   A100 the same benchmark reaches about 75 % of the 5,120 bytes per clock
+#   that NVIDIA gives for the A100's L2 (A100 whitepaper).
+# * **HBM:** 3.35 TB/s (datasheet).
+
+
+def padded(text, width):
+    """``text`` left-aligned in ``width`` columns, a Chinese character taking two."""
+    return text + " " * (width - sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text))
+
+
+H100 = GPU_SPECS["H100 SXM"]
+H100_SMS = 132
+FLOP_PER_CLOCK_PER_SM = 4096  # dense bf16 on the tensor cores
+TENSOR_CLOCK = H100["peak_flops"] / (H100_SMS * FLOP_PER_CLOCK_PER_SM)
+SHARED_BYTES_PER_CLOCK = 32 * 4  # banks x bytes per bank per clock
+LEVELS = {  # (label, bytes per second the level hands to the one nearer the tensor cores)
+    "hbm": ("HBM", H100["bandwidth"]),
+    "l2": ("L2 (measured on H200)", 9.8e12),
+    "shared": ("shared memory", SHARED_BYTES_PER_CLOCK * H100_SMS * TENSOR_CLOCK),
+}
+print(f"H100 SXM: {H100['peak_flops'] / 1e12:.1f} TFLOP/s = {H100_SMS} SMs x {FLOP_PER_CLOCK_PER_SM} "
+      f"FLOP/clock x {TENSOR_CLOCK / 1e9:.2f} GHz")
+print(f"{'level':<22} {'TB/s':>6} {'ridge FLOP/B':>13}")
+for level, bandwidth in LEVELS.values():
+    print(f"{padded(level, 22)} {bandwidth / 1e12:>6.2f} {H100['peak_flops'] / bandwidth:>13.0f}")
+if abs(H100["peak_flops"] / LEVELS["shared"][1] - FLOP_PER_CLOCK_PER_SM / SHARED_BYTES_PER_CLOCK) > 1e-9:
+    raise AssertionError("the shared-memory ridge must be FLOPs per clock over bytes per clock")
+
+# %%
+# **L2 to shared memory.** A block that computes a :math:`T_M \times T_N` tile
+# of the product loads, per step of :math:`T_K` along the inner dimension, a
+# :math:`T_M \times T_K` tile of A and a :math:`T_K \times T_N` tile of B
+# from L2, for :math:`2 T_M T_N T_K` FLOPs: :math:`T_M T_N / (T_M + T_N)`
+# FLOP/B in bf16 (section 9 of the lecture). Blocks that share a tile still
+# each read it, from L2 if not from HBM. A Hopper *cluster* of blocks can do
+# better: TMA multicast copies one tile of global memory into the shared
+# memory of several blocks of the cluster (PTX's ``.multicast::cluster``).
+# In a 2 x 1 cluster of 128 x 256 tiles, two blocks along M need the same tile
+# of B; read once, it makes the pair act against L2 like one 256 x 256 tile.
+# This model assumes that a multicast costs one read, and that L2, not each
+# SM's path from it, sets the limit; the benchmark cannot tell which. Below, the
+# L2 bandwidth each tiling needs to feed the tensor cores at the datasheet
+# rate, counted load by load for one step.
+
+BF16_BYTES = 2
+
+
+def l2_traffic(tile_m, tile_n, tile_k, cluster_m=1, multicast=False):
+    """FLOPs and bytes read from L2 in one step along K by a column of ``cluster_m`` blocks
+    with tiles of tile_m x tile_n, all needing the same tile of B (read once if multicast)."""
+    flops = cluster_m * 2 * tile_m * tile_n * tile_k
+    loads_of_a = cluster_m * tile_m * tile_k
+    loads_of_b = (1 if multicast else cluster_m) * tile_k * tile_n
+    return flops, (loads_of_a + loads_of_b) * BF16_BYTES
+
+
+TILINGS = {  # (label, label on the plot, tile_m, tile_n, cluster_m, multicast)
+    "64": ("64 x 64", "64 x 64", 64, 64, 1, False),
+    "128": ("128 x 128", "128 x 128", 128, 128, 1, False),
+    "128x256": ("128 x 256", "128 x 256", 128, 256, 1, False),
+    "cluster": ("2 x 1 cluster of 128 x 256, no multicast", None, 128, 256, 2, False),
+    "multicast": ("2 x 1 cluster of 128 x 256, B multicast", "2 x 1 cluster, multicast", 128, 256, 2, True),
+}
+L2_MEASURED = LEVELS["l2"][1]
+l2_intensity = {}
+print(f"{'tiling':<42} {'FLOP/B vs L2':>12} {'L2 TB/s needed':>15}")
+for name, (label, _, tile_m, tile_n, cluster_m, multicast) in TILINGS.items():
+    flops, loaded = l2_traffic(tile_m, tile_n, 64, cluster_m, multicast)
+    l2_intensity[name] = flops / loaded
+    rows_sharing_b = cluster_m * tile_m if multicast else tile_m  # rows of the tile it acts as
+    closed_form = 2 * rows_sharing_b * tile_n / ((rows_sharing_b + tile_n) * BF16_BYTES)
+    if abs(l2_intensity[name] - closed_form) > 1e-9 * closed_form:
+        raise AssertionError(f"{label}: counted {l2_intensity[name]} FLOP/B, formula {closed_form}")
+    needed = H100["peak_flops"] / l2_intensity[name]
+    print(f"{padded(label, 42)} {l2_intensity[name]:>12.1f} {needed / 1e12:>15.1f}")
+
+# Against the one L2 figure we have, a lower bound, 64 x 64 and 128 x 128
+# tiles would need far more than it, 128 x 256 somewhat more, and only the
+# multicast cluster needs less. (A GEMM at 70 to 80 % of the datasheet rate
+# needs that fraction of these bandwidths, which 128 x 256 already gets
+# under.)
+needs = {name: H100["peak_flops"] / intensity for name, intensity in l2_intensity.items()}
+if not (needs["128"] > needs["128x256"] > L2_MEASURED > needs["multicast"]):
+    raise AssertionError(f"the tilings no longer bracket the measured L2 bandwidth: {needs}")
+if needs["cluster"] != needs["128x256"]:
+    raise AssertionError("without multicast a cluster reads what its blocks would read alone")
+
+# %%
+# **Shared memory to the tensor cores.** On Hopper the unit of work is one
+# warpgroup's (four warps') ``wgmma`` instruction, :math:`64 \times N
+# \times 16` in bf16: it reads its B operand from shared memory and its A operand
+# from shared memory or from registers, and keeps the fp32 accumulator in
+# registers (PTX ISA). With A in shared memory it reads
+# :math:`(64 \cdot 16 + 16 N) \cdot 2` bytes for :math:`2 \cdot 64 \cdot 16 N`
+# FLOPs, :math:`64 N / (64 + N)` FLOP/B, which clears the ridge of 32 only
+# for :math:`N \geq 64`; with A in registers it is 64 for every :math:`N`,
+# counting only the ``wgmma`` (an A loaded into registers from shared memory
+# costs those bytes once more; FlashAttention-3's probabilities are made in
+# registers).
+# Wide instructions are what the tensor cores need from shared memory, as
+# wide tiles are what they need from L2. (Whether the TMA's writes into shared
+# memory share these 128 bytes per clock with the reads, NVIDIA does not say;
+# if they do, a 128 x 256 tile at full rate needs 80 bytes per clock of
+# operand reads and 48 of writes, all 128.)
+#
+# **Registers.** An accumulator kept in shared memory would be read and
+# written by every instruction: :math:`2 \cdot 64 N \cdot 4` bytes per
+# :math:`2 \cdot 64 \cdot 16 N` FLOPs, 4 FLOP/B whatever :math:`N` before
+# the operands are counted, eight times below the shared-memory ridge. So the
+# accumulator lives in registers (on data-centre Blackwell, compute
+# capability 10.0, in tensor memory), and the
+# register file's size bounds the tile: a 128 x 256 fp32 accumulator is
+# 128 KiB, half of an SM's 256 KiB.
+SHARED_RIDGE = FLOP_PER_CLOCK_PER_SM / SHARED_BYTES_PER_CLOCK
+
+
+def wgmma_intensity(n, a_in_registers):
+    """FLOPs per byte read from shared memory by one 64 x n x 16 wgmma in bf16."""
+    flops = 2 * 64 * n * 16
+    return flops / ((0 if a_in_registers else 64 * 16 * BF16_BYTES) + 16 * n * BF16_BYTES)
+
+
+def accumulator_intensity(n):
+    """FLOPs per byte of a 64 x n fp32 accumulator read and written once per wgmma."""
+    return (2 * 64 * n * 16) / (2 * 64 * n * 4)
+
+
+print(f"shared-memory ridge: {SHARED_RIDGE:.0f} FLOP/B")
+print(f"{'wgmma 64 x N x 16':<18} {'A in shared':>11} {'A in registers':>15}")
+for n in (16, 32, 64, 128, 256):
+    print(f"N = {n:<14} {wgmma_intensity(n, False):>11.1f} {wgmma_intensity(n, True):>15.1f}")
+for n in (16, 32, 64, 128, 256):
+    if abs(wgmma_intensity(n, False) - 64 * n / (64 + n)) > 1e-9 or wgmma_intensity(n, True) != 64:
+        raise AssertionError(f"N = {n}: the counted intensity is not the closed form")
+if not wgmma_intensity(32, False) < SHARED_RIDGE <= wgmma_intensity(64, False):
+    raise AssertionError("the shared-memory ridge should fall between N = 32 and N = 64")
+ACCUMULATOR_BYTES = 128 * 256 * 4
+REGISTER_FILE_BYTES = 65536 * 4
+print(f"an accumulator in shared memory: {accumulator_intensity(256):.0f} FLOP/B "
+      f"({SHARED_RIDGE / accumulator_intensity(256):.0f}x below the ridge); a 128 x 256 fp32 accumulator "
+      f"in registers: {ACCUMULATOR_BYTES // 1024} KiB of the {REGISTER_FILE_BYTES // 1024} KiB register file")
+if {accumulator_intensity(n) for n in (16, 64, 256)} != {SHARED_RIDGE / 8}:
+    raise AssertionError("an accumulator's traffic should be 4 FLOP/B, 8x below the ridge, for every N")
+
+# %%
+# The three roofs on one plot, with each tiling at its intensity against L2
+# and each ``wgmma`` width against shared memory. A point below the roof of
+# its own level cannot reach the tensor cores' peak, however the other levels
+# fare.
+
+fig, ax = plt.subplots(figsize=(8, 5))
+for (level, bandwidth), colour in zip(LEVELS.values(), ["tab:red", "tab:orange", "tab:green"]):
+    ax.plot(intensities, [min(H100["peak_flops"], i * bandwidth) / 1e12 for i in intensities],
+            color=colour, label=f"{level}: {bandwidth / 1e12:.3g} TB/s")
+for name, (_, plot_label, *_) in TILINGS.items():
+    if plot_label is None:
+        continue  # the same point as one 128 x 256 block
+    point = (l2_intensity[name], min(H100["peak_flops"], l2_intensity[name] * L2_MEASURED) / 1e12)
+    ax.scatter(*point, color="tab:orange", marker="s", zorder=3)
+    ax.annotate(plot_label, point, fontsize=7, textcoords="offset points", xytext=(6, -12))
+for n, (dx, dy, align) in {32: (-8, 6, "right"), 64: (5, -12, "left"), 256: (4, 6, "left")}.items():
+    intensity = wgmma_intensity(n, False)
+    point = (intensity, min(H100["peak_flops"], intensity * LEVELS["shared"][1]) / 1e12)
+    ax.scatter(*point, color="tab:green", marker="^", zorder=3)
+    ax.annotate(f"wgmma N={n}", point, fontsize=7, textcoords="offset points", xytext=(dx, dy), ha=align)
+ax.set_xscale("log")
+ax.set_yscale("log")
+ax.set_xlim(1, 1e3)
+ax.set_ylim(10, 2000)
+ax.set_xlabel("arithmetic intensity against the level (FLOP / byte)")
+ax.set_ylabel("performance bound (TFLOP/s)")
+ax.set_title("H100 SXM, dense bf16: one roof per level of memory", fontsize=10)
+ax.grid(True, which="both", alpha=0.3)
+ax.legend(loc="lower right", fontsize=8)
+fig.tight_layout()
 
 # %%
 # Key figures
