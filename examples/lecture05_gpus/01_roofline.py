@@ -569,7 +569,6 @@ print(f"shared-memory ridge: {SHARED_RIDGE:.0f} FLOP/B")
 print(f"{'wgmma 64 x N x 16':<18} {'A in shared':>11} {'A in registers':>15}")
 for n in (16, 32, 64, 128, 256):
     print(f"N = {n:<14} {wgmma_intensity(n, False):>11.1f} {wgmma_intensity(n, True):>15.1f}")
-for n in (16, 32, 64, 128, 256):
     if abs(wgmma_intensity(n, False) - 64 * n / (64 + n)) > 1e-9 or wgmma_intensity(n, True) != 64:
         raise AssertionError(f"N = {n}: the counted intensity is not the closed form")
 if not wgmma_intensity(32, False) < SHARED_RIDGE <= wgmma_intensity(64, False):
