@@ -8,9 +8,14 @@ same. The result of ``link_html`` depends only on its arguments, so the memo key
 of them: the page, the body, each transform's source and names, the inventory entries
 those names resolve to, and the options. A call that warned is not remembered, so the
 next build warns again.
+
+``COURSE_CODEAUTOLINK_MEMO=<folder>`` keeps the memo there instead, under the key itself:
+the test suite's builds, each in a folder of its own, share one, so a body that one of
+them linked is not parsed again by the next.
 """
 
 import hashlib
+import os
 import pickle
 from importlib.metadata import version
 from pathlib import Path
@@ -43,8 +48,7 @@ def link_html(document, html, transforms, inventory, custom_blocks, search_css_c
     if app is None:
         return _compute(*arguments, builder_name, disable_link_titles=disable_link_titles)
     key = _key(*arguments, builder_name, disable_link_titles)
-    memo = Path(app.doctreedir) / "codeautolink-memo" / (
-        hashlib.sha256(document.encode()).hexdigest()[:32] + ".pickle")
+    memo = _memo_file(app, document, key)
     try:
         stored_key, linked = pickle.loads(memo.read_bytes())
         if stored_key == key:
@@ -57,10 +61,19 @@ def link_html(document, html, transforms, inventory, custom_blocks, search_css_c
     _state["misses"] += 1
     if app._warncount == warnings_before:
         memo.parent.mkdir(parents=True, exist_ok=True)
-        partial = memo.with_suffix(".partial")
+        partial = memo.with_suffix(f".{os.getpid()}.partial")  # builds may run at once
         partial.write_bytes(pickle.dumps((key, linked)))
         partial.replace(memo)
     return linked
+
+
+def _memo_file(app, document, key):
+    """In the doctree folder, one file per page (a new body replaces the old one's); in a
+    shared folder, one per key, since builds of other trees write the same pages."""
+    if shared := os.environ.get("COURSE_CODEAUTOLINK_MEMO"):
+        return Path(shared) / f"{key}.pickle"
+    return Path(app.doctreedir) / "codeautolink-memo" / (
+        hashlib.sha256(document.encode()).hexdigest()[:32] + ".pickle")
 
 
 def _remember_app(app):

@@ -130,6 +130,9 @@ def pytest_configure(config):
         os.environ["COURSE_TEST_GROUPS"] = str(folder / "groups.json")
         os.environ["COURSE_TEST_TIMELINE"] = str(folder / "timeline.jsonl")
         os.environ["COURSE_TEST_START"] = repr(time.time())
+        # The suite's builds, each in a folder of its own, share codeautolink's memo
+        # (keyed on everything a page's links depend on): what one linked, the next reuses.
+        os.environ["COURSE_CODEAUTOLINK_MEMO"] = str(folder / "codeautolink-memo")
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -175,6 +175,7 @@ def test_codeautolink_s_memo_reuses_only_what_its_arguments_determine(tmp_path, 
         return html.replace("torch", f'<a href="{inventory["torch"]}">torch</a>')
 
     app = SimpleNamespace(doctreedir=str(tmp_path), _warncount=0)
+    monkeypatch.delenv("COURSE_CODEAUTOLINK_MEMO", raising=False)  # the suite shares one
     monkeypatch.setattr(codeautolink_memo, "_compute", compute)
     codeautolink_memo._remember_app(app)
     name = SimpleNamespace(code_str="torch", lineno=1, end_lineno=1, context=None,
@@ -194,6 +195,29 @@ def test_codeautolink_s_memo_reuses_only_what_its_arguments_determine(tmp_path, 
     link("<pre>warn torch</pre>", {"torch": "a.html"})
     assert len(calls) == 5, "a call that warned was remembered: the next build would not warn"
     assert codeautolink_memo._state["hits"] == 1
+
+
+def test_codeautolink_s_shared_memo_serves_builds_in_other_folders(tmp_path, monkeypatch):
+    """With COURSE_CODEAUTOLINK_MEMO (as the suite sets it), a build in another folder
+    reuses a body another build linked, and still computes a body it has not seen."""
+    import codeautolink_memo
+
+    calls = []
+    monkeypatch.setenv("COURSE_CODEAUTOLINK_MEMO", str(tmp_path / "shared"))
+    monkeypatch.setattr(codeautolink_memo, "_compute",
+                        lambda document, html, *rest, disable_link_titles: calls.append(html) or html + "!")
+
+    def link(doctrees, html, document="lecture/page"):
+        codeautolink_memo._remember_app(SimpleNamespace(doctreedir=str(tmp_path / doctrees), _warncount=0))
+        return codeautolink_memo.link_html(document, html, [], {}, {}, [], disable_link_titles=True)
+
+    assert link("first", "<pre>a</pre>") == "<pre>a</pre>!"
+    assert link("second", "<pre>a</pre>") == "<pre>a</pre>!" and len(calls) == 1
+    assert link("second", "<pre>b</pre>") == "<pre>b</pre>!" and len(calls) == 2
+    assert link("first", "<pre>a</pre>") == "<pre>a</pre>!" and len(calls) == 2  # b did not evict a
+    assert link("first", "<pre>a</pre>", "other/page") == "<pre>a</pre>!" and len(calls) == 3
+    assert not list((tmp_path / "first").glob("**/*.pickle"))
+    assert len(list((tmp_path / "shared").glob("*.pickle"))) == 3
 
 
 def test_codeautolink_s_cache_keeps_the_code_blocks_of_markdown_pages(tmp_path):
